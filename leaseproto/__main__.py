@@ -1,0 +1,5 @@
+import sys
+
+from leaseproto.cli import main
+
+sys.exit(main())

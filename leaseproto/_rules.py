@@ -1,0 +1,133 @@
+"""The transition rules, written once (spec §8 pseudocode).
+
+Each rule is a small pure function of (state, input, now, config values). The
+runtime (:mod:`._table`, :mod:`._tracker`, :mod:`._clock`) calls them on
+floats; ``proofs/`` calls the *same functions* on z3 terms. They are written
+with :mod:`._sym` (``ite``, ``vmax``, ``vmin``, ``conj``) and plain arithmetic
+and comparisons, which both kinds of value support. States are the integer
+values of :class:`~leaseproto._state.LeaseState`; the discrete part of every
+rule is read from :data:`~leaseproto._state.TRANSITIONS`.
+
+Keep these functions free of Python control flow on their arguments: an ``if``
+on a symbolic value would silently pick one branch in the proofs.
+"""
+
+from __future__ import annotations
+
+from ._state import TRANSITIONS, Guard, Input, LeaseState
+from ._sym import conj, ite, vmax, vmin
+
+__all__ = [
+    "ABORTED",
+    "ABSENT",
+    "EXPIRED",
+    "GRANTED",
+    "TRANSFERRED",
+    "abort_state",
+    "expire_due",
+    "expire_state",
+    "grant_deadline",
+    "heartbeat_due",
+    "next_state",
+    "read_allowed",
+    "renew_applies",
+    "renew_deadline",
+    "transfer_done_count",
+    "transfer_done_state",
+    "transfer_is_last",
+]
+
+#: Numbers are floats at runtime and z3 ``ArithRef`` terms in ``proofs/``; conditions
+#: are bools and z3 ``BoolRef``. The annotations name the runtime types.
+N = float
+
+ABSENT = int(LeaseState.ABSENT)
+GRANTED = int(LeaseState.GRANTED)
+TRANSFERRED = int(LeaseState.TRANSFERRED)
+EXPIRED = int(LeaseState.EXPIRED)
+ABORTED = int(LeaseState.ABORTED)
+
+
+def next_state(state: int, inp: Input, guard: bool) -> int:
+    """The state after ``inp`` per :data:`TRANSITIONS`, given the guard's value.
+
+    On a concrete ``state`` this is a table lookup (``KeyError`` for a pair the
+    table does not allow); on a symbolic one it is the ``ite`` chain over every
+    row for ``inp``, and a state with no row for ``inp`` stays unchanged.
+    """
+    if isinstance(state, int):
+        t = TRANSITIONS[(LeaseState(state), inp)]
+        if t.guard is Guard.ALWAYS:
+            return int(t.target)
+        return ite(guard, int(t.target), state)
+    result = state
+    for (src, i), t in TRANSITIONS.items():
+        if i is not inp:
+            continue
+        target = int(t.target) if t.guard is Guard.ALWAYS else ite(guard, int(t.target), int(src))
+        result = ite(state == int(src), target, result)
+    return result
+
+
+# -- grant (spec §8.1) --------------------------------------------------------------------
+def grant_deadline(now: N, ttl: N) -> N:
+    """I5: a fresh lease ends by ``granted_at + ttl`` unless renewed."""
+    return now + ttl
+
+
+# -- renew (spec §8.2; I1 monotone, I2 no revival, I6 cap) --------------------------------
+def renew_applies(state: int, deadline: N, now: N) -> bool:
+    """A heartbeat renews only a granted lease that is still live."""
+    return conj(state == GRANTED, now < deadline)
+
+
+def renew_deadline(state: int, deadline: N, cap_at: N | None, now: N, extension: N) -> N:
+    """``max(deadline, min(now + extension, cap_at))`` when the renewal applies,
+    else ``deadline`` unchanged. Never shortens (I1), never passes the cap (I6)."""
+    target = now + extension
+    if cap_at is not None:
+        target = vmin(target, cap_at)
+    return ite(renew_applies(state, deadline, now), vmax(deadline, target), deadline)
+
+
+# -- transfer-done (spec §8.3) ------------------------------------------------------------
+def transfer_is_last(done: int, consumers: int) -> bool:
+    """This notification completes the lease."""
+    return done + 1 >= consumers
+
+
+def transfer_done_state(state: int, done: int, consumers: int) -> int:
+    return next_state(state, Input.RECV_TRANSFER_DONE, transfer_is_last(done, consumers))
+
+
+def transfer_done_count(state: int, done: int) -> int:
+    """Notifications are counted only while the lease is granted."""
+    return ite(state == GRANTED, done + 1, done)
+
+
+# -- abort (spec §8.4) --------------------------------------------------------------------
+def abort_state(state: int) -> int:
+    return next_state(state, Input.RECV_ABORT, True)
+
+
+# -- expire (spec §8.5; I4) ---------------------------------------------------------------
+def expire_due(state: int, deadline: N, now: N) -> bool:
+    """A granted lease is due once ``deadline <= now``."""
+    return conj(state == GRANTED, deadline <= now)
+
+
+def expire_state(state: int, deadline: N, now: N) -> int:
+    return next_state(state, Input.TIMER_EXPIRE, expire_due(state, deadline, now))
+
+
+# -- decode side (spec §8.6) --------------------------------------------------------------
+def heartbeat_due(last_sent: N, now: N, interval: N) -> bool:
+    """An engine is due a heartbeat when its last one is ``interval`` old."""
+    return now - last_sent >= interval
+
+
+# -- bidirectional read gate (spec §8.7; I9) ----------------------------------------------
+def read_allowed(remote_deadline: N, now: N, offset: N, uncertainty: N, margin: N) -> bool:
+    """Reading blocks whose deadline is on the peer's clock is allowed only when
+    ``now + margin + uncertainty < remote_deadline - offset``."""
+    return now + margin + uncertainty < remote_deadline - offset

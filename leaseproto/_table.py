@@ -1,0 +1,345 @@
+"""The prefill side: one lease per request (spec §6, §8.1-8.5).
+
+Expiry uses a min-heap of ``(deadline, seq, lease)`` with one entry per live
+lease. Renewals only move ``lease.deadline`` (O(1) per id); when the reaper
+pops an entry whose lease was renewed past it, it pushes the entry back at the
+new deadline. So ``expire`` touches only entries that came due, never the live
+set (upstream bug B1 came from a reaper that assumed insertion order).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass, fields
+
+from . import _rules as R
+from ._config import LeaseConfig
+from ._errors import LocalProtocolError
+from ._events import LateTransfer, Release, ReleaseReason
+
+__all__ = ["LeaseTable", "TableStats"]
+
+_REASON = {
+    R.TRANSFERRED: ReleaseReason.TRANSFERRED,
+    R.EXPIRED: ReleaseReason.EXPIRED,
+    R.ABORTED: ReleaseReason.ABORTED,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class TableStats:
+    """Counters of a :class:`LeaseTable` since it was made."""
+
+    granted: int = 0
+    renewed: int = 0
+    #: heartbeat ids naming no lease P knows (never granted, or forgotten)
+    renew_unknown: int = 0
+    #: heartbeat ids naming a lease that had already ended (late heartbeats)
+    renew_late: int = 0
+    #: heartbeat ids naming a granted lease whose deadline had passed (not yet reaped)
+    renew_lapsed: int = 0
+    released_transferred: int = 0
+    released_expired: int = 0
+    released_aborted: int = 0
+    #: transfer-done after expiry or abort (reported as :class:`LateTransfer`)
+    late_transfers: int = 0
+    #: transfer-done beyond ``consumers`` after a transferred release
+    excess_transfers: int = 0
+    #: aborts naming an ended lease
+    late_aborts: int = 0
+    #: transfer-done or abort for an id not yet granted, staged
+    early_staged: int = 0
+    #: staged notifications applied by a later grant
+    early_applied: int = 0
+    #: staged notifications dropped (too old, or staging full)
+    early_dropped: int = 0
+    #: live leases now
+    live: int = 0
+
+
+class _Lease:
+    __slots__ = ("cap_at", "consumers", "deadline", "done", "granted_at", "last_renewal",
+                 "req_id", "state")
+
+    def __init__(self, req_id: str, now: float, deadline: float, cap_at: float | None,
+                 consumers: int) -> None:
+        self.req_id = req_id
+        self.state = R.GRANTED
+        self.granted_at = now
+        self.deadline = deadline
+        self.cap_at = cap_at
+        self.consumers = consumers
+        self.done = 0
+        self.last_renewal: float | None = None
+
+
+class LeaseTable:
+    """P's leases. Owns no clock: every time-dependent call takes ``now``.
+
+    ``now`` must never decrease between calls (:class:`LocalProtocolError`).
+    """
+
+    def __init__(self, config: LeaseConfig | None = None) -> None:
+        self.config = config if config is not None else LeaseConfig()
+        self._leases: dict[str, _Lease] = {}
+        self._heap: list[tuple[float, int, _Lease]] = []
+        self._seq = itertools.count()
+        self._stale = 0  # heap entries whose lease already ended
+        # ended leases, oldest first: id -> (state, ended_at)
+        self._ended: OrderedDict[str, tuple[int, float]] = OrderedDict()
+        # notifications for ids not yet granted: id -> [first_seen, transfers, aborted]
+        self._staged: OrderedDict[str, list[float]] = OrderedDict()
+        self._last_now = -math.inf
+        self._c = dict.fromkeys((f.name for f in fields(TableStats)), 0)
+
+    # -- helpers --------------------------------------------------------------------------
+    def _clock(self, now: float) -> None:
+        if now < self._last_now:
+            raise LocalProtocolError(f"now={now!r} went backwards (last seen {self._last_now!r})")
+        self._last_now = now
+
+    def _end(self, lease: _Lease, state: int, now: float) -> Release:
+        del self._leases[lease.req_id]
+        lease.state = state
+        self._ended[lease.req_id] = (state, now)
+        self._ended.move_to_end(lease.req_id)
+        while len(self._ended) > self.config.tombstone_capacity:
+            self._ended.popitem(last=False)
+        reason = _REASON[state]
+        self._c["released_" + reason.value] += 1
+        if state != R.EXPIRED:  # the reaper pops expired entries itself
+            self._stale += 1
+            if self._stale > len(self._leases) + 1024:
+                self._compact()
+        return Release(lease.req_id, reason, now, granted_at=lease.granted_at,
+                       deadline=lease.deadline, last_renewal=lease.last_renewal)
+
+    def _compact(self) -> None:
+        self._heap = [e for e in self._heap if self._leases.get(e[2].req_id) is e[2]]
+        heapq.heapify(self._heap)
+        self._stale = 0
+
+    def _prune(self, now: float) -> None:
+        ttl = self.config.tombstone_ttl
+        ended = self._ended
+        while ended:
+            _, (_, at) = next(iter(ended.items()))
+            if at + ttl > now:
+                break
+            ended.popitem(last=False)
+        sttl = self.config.staging_ttl
+        staged = self._staged
+        while staged:
+            _, entry = next(iter(staged.items()))
+            if entry[0] + sttl > now:
+                break
+            staged.popitem(last=False)
+            self._c["early_dropped"] += 1
+
+    def _stage(self, req_id: str, now: float, *, abort: bool) -> None:
+        entry = self._staged.get(req_id)
+        if entry is None:
+            if self.config.staging_capacity == 0:
+                self._c["early_dropped"] += 1
+                return
+            if len(self._staged) >= self.config.staging_capacity:
+                self._staged.popitem(last=False)
+                self._c["early_dropped"] += 1
+            entry = self._staged[req_id] = [now, 0.0, 0.0]
+        if abort:
+            entry[2] = 1.0
+        else:
+            entry[1] += 1
+        self._c["early_staged"] += 1
+
+    # -- inputs ---------------------------------------------------------------------------
+    def grant(self, req_id: str, *, now: float, consumers: int = 1,
+              ttl: float | None = None) -> Release | None:
+        """Grant a lease until ``now + (ttl or kv_lease_duration)``.
+
+        ``consumers`` is how many transfer-done notifications complete it.
+        Notifications staged before the grant are applied now; the returned
+        :class:`Release` says they already complete it (free the blocks at once).
+
+        Raises:
+            LocalProtocolError: the id holds a live lease, or ``now`` went back.
+            ValueError: ``consumers < 1`` or a ``ttl`` that is not a positive
+                finite number. Nothing changes.
+        """
+        if req_id in self._leases:
+            raise LocalProtocolError(f"lease for {req_id!r} is live: it cannot be granted again")
+        if isinstance(consumers, bool) or not isinstance(consumers, int) or consumers < 1:
+            raise ValueError(f"consumers={consumers!r} must be an integer >= 1")
+        if ttl is None:
+            ttl = self.config.kv_lease_duration
+        elif isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not (
+                math.isfinite(ttl) and ttl > 0):
+            raise ValueError(f"ttl={ttl!r} must be a positive finite number of seconds")
+        self._clock(now)
+        self._ended.pop(req_id, None)  # a reused id starts a new lease (spec §6.1)
+        cap = self.config.max_lease_lifetime
+        lease = _Lease(req_id, now, R.grant_deadline(now, float(ttl)),
+                       None if cap is None else now + cap, consumers)
+        self._leases[req_id] = lease
+        heapq.heappush(self._heap, (lease.deadline, next(self._seq), lease))
+        self._c["granted"] += 1
+        staged = self._staged.pop(req_id, None)
+        if staged is None:
+            return None
+        self._c["early_applied"] += 1
+        if staged[2]:
+            return self._end(lease, R.abort_state(lease.state), now)
+        for _ in range(int(staged[1])):
+            state = R.transfer_done_state(lease.state, lease.done, lease.consumers)
+            lease.done = R.transfer_done_count(lease.state, lease.done)
+            if state != R.GRANTED:
+                return self._end(lease, state, now)
+        return None
+
+    def renew(self, req_ids: Iterable[str], *, now: float) -> int:
+        """Apply one heartbeat: every live lease named gets
+        ``deadline = max(deadline, min(now + lease_extension, granted_at + cap))``.
+
+        Unknown, ended and lapsed ids are ignored and counted; a renewal never
+        creates or revives a lease. Returns how many leases were renewed.
+        """
+        self._clock(now)
+        ext = self.config.lease_extension
+        leases = self._leases
+        c = self._c
+        renewed = 0
+        for rid in req_ids:
+            lease = leases.get(rid)
+            if lease is None:
+                c["renew_late" if rid in self._ended else "renew_unknown"] += 1
+                continue
+            if not R.renew_applies(lease.state, lease.deadline, now):
+                c["renew_lapsed"] += 1
+                continue
+            lease.deadline = R.renew_deadline(lease.state, lease.deadline, lease.cap_at, now, ext)
+            lease.last_renewal = now
+            renewed += 1
+        c["renewed"] += renewed
+        return renewed
+
+    def transfer_done(self, req_id: str, *, now: float) -> Release | LateTransfer | None:
+        """Count one transfer-done notification for ``req_id``.
+
+        Returns :class:`Release` (``TRANSFERRED``) when it is the last of
+        ``consumers``; :class:`LateTransfer` when the lease had ended by expiry
+        or abort (the reader may have read reused blocks: act on it); ``None``
+        otherwise. An id never granted is staged for a later :meth:`grant`.
+        """
+        self._clock(now)
+        lease = self._leases.get(req_id)
+        if lease is not None:
+            state = R.transfer_done_state(lease.state, lease.done, lease.consumers)
+            lease.done = R.transfer_done_count(lease.state, lease.done)
+            if state != R.GRANTED:
+                return self._end(lease, state, now)
+            return None
+        ended = self._ended.get(req_id)
+        if ended is None:
+            self._stage(req_id, now, abort=False)
+            return None
+        state, ended_at = ended
+        if state == R.TRANSFERRED:
+            self._c["excess_transfers"] += 1
+            return None
+        self._c["late_transfers"] += 1
+        return LateTransfer(req_id, _REASON[state], now, ended_at=ended_at)
+
+    def abort(self, req_id: str, *, now: float) -> Release | None:
+        """D aborted the request: release at once (``ABORTED``).
+
+        Returns the :class:`Release`, or ``None`` when nothing was held (an
+        ended lease is counted as late; an id not yet granted is staged, so a
+        grant that follows releases at once).
+        """
+        self._clock(now)
+        lease = self._leases.get(req_id)
+        if lease is not None:
+            return self._end(lease, R.abort_state(lease.state), now)
+        if req_id in self._ended:
+            self._c["late_aborts"] += 1
+        else:
+            self._stage(req_id, now, abort=True)
+        return None
+
+    def expire(self, *, now: float) -> list[Release]:
+        """Release every lease with ``deadline <= now`` (``EXPIRED``), oldest
+        deadline first. Cost follows the heap entries that came due, not the
+        number of live leases. Also forgets tombstones and staged notifications
+        older than their TTLs."""
+        self._clock(now)
+        heap = self._heap
+        leases = self._leases
+        out: list[Release] = []
+        while heap and heap[0][0] <= now:
+            _, seq, lease = heapq.heappop(heap)
+            if leases.get(lease.req_id) is not lease:
+                self._stale = max(0, self._stale - 1)
+                continue
+            state = R.expire_state(lease.state, lease.deadline, now)
+            if state == R.EXPIRED:
+                out.append(self._end(lease, state, now))
+            else:  # renewed since it was queued: requeue at its new deadline
+                heapq.heappush(heap, (lease.deadline, seq, lease))
+        self._prune(now)
+        return out
+
+    # -- queries --------------------------------------------------------------------------
+    def deadline(self, req_id: str) -> float | None:
+        """The live lease's deadline, or ``None``."""
+        lease = self._leases.get(req_id)
+        return None if lease is None else lease.deadline
+
+    def next_deadline(self) -> float | None:
+        """The earliest deadline of any live lease (when to call :meth:`expire`)."""
+        heap = self._heap
+        leases = self._leases
+        while heap:
+            d, seq, lease = heap[0]
+            if leases.get(lease.req_id) is not lease:
+                heapq.heappop(heap)
+                self._stale = max(0, self._stale - 1)
+            elif lease.deadline != d:
+                heapq.heapreplace(heap, (lease.deadline, seq, lease))
+            else:
+                return d
+        return None
+
+    def live(self) -> list[str]:
+        """Ids of live leases, in grant order."""
+        return list(self._leases)
+
+    def lease_info(self, req_id: str) -> dict[str, float | int | None] | None:
+        """A live lease's fields (for logs and debugging), or ``None``."""
+        lease = self._leases.get(req_id)
+        if lease is None:
+            return None
+        return {"granted_at": lease.granted_at, "deadline": lease.deadline,
+                "cap_at": lease.cap_at, "consumers": lease.consumers, "done": lease.done,
+                "last_renewal": lease.last_renewal}
+
+    def ended(self, req_id: str) -> ReleaseReason | None:
+        """How a remembered ended lease ended, or ``None``."""
+        entry = self._ended.get(req_id)
+        return None if entry is None else _REASON[entry[0]]
+
+    @property
+    def stats(self) -> TableStats:
+        return TableStats(**{**self._c, "live": len(self._leases)})
+
+    def __len__(self) -> int:
+        return len(self._leases)
+
+    def __contains__(self, req_id: object) -> bool:
+        return req_id in self._leases
+
+    def __repr__(self) -> str:
+        return f"<LeaseTable live={len(self._leases)} next_deadline={self.next_deadline()}>"

@@ -1,0 +1,105 @@
+"""``leaseproto config``: print the effective, derived configuration."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from .._config import LeaseConfig
+
+__all__ = ["register"]
+
+_FLOAT_KEYS = ("kv_lease_duration", "decoder_kv_blocks_ttl", "heartbeat_interval",
+               "lease_extension", "max_lease_lifetime", "safety_margin", "tombstone_ttl",
+               "staging_ttl")
+_INT_KEYS = ("max_notification_bytes", "tombstone_capacity", "staging_capacity")
+
+
+def register(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "config",
+        help="print the effective configuration and the bounds it implies",
+        description="Validate lease settings and print every effective value, derived ones "
+                    "included, with the timing bounds they imply. Unsafe values are rejected "
+                    "with the rule they break (exit status 2).",
+    )
+    for key in _FLOAT_KEYS:
+        p.add_argument("--" + key.replace("_", "-"), dest=key, type=float, default=None,
+                       metavar="SECONDS")
+    for key in _INT_KEYS:
+        p.add_argument("--" + key.replace("_", "-"), dest=key, type=int, default=None,
+                       metavar="N")
+    p.add_argument("--extra-config", metavar="JSON", default=None,
+                   help="a vLLM kv_connector_extra_config JSON object (flags override it)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=run)
+
+
+def config_from_args(args: argparse.Namespace) -> LeaseConfig:
+    """The config named by ``--extra-config`` and the key flags.
+
+    Raises:
+        ValueError: invalid JSON or an unsafe value (the message names the rule).
+    """
+    extra: dict[str, Any] = {}
+    if args.extra_config is not None:
+        try:
+            loaded = json.loads(args.extra_config)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"--extra-config is not valid JSON: {exc}") from exc
+        if not isinstance(loaded, dict):
+            raise ValueError("--extra-config must be a JSON object")
+        extra.update(loaded)
+    for key in _FLOAT_KEYS + _INT_KEYS:
+        value = getattr(args, key)
+        if value is not None:
+            extra[key] = value
+    return LeaseConfig.from_extra_config(extra)
+
+
+def bounds(cfg: LeaseConfig) -> dict[str, float | int | None]:
+    """Figures implied by the configuration (spec §5)."""
+    return {
+        "tolerated_missed_heartbeats": cfg.tolerated_missed_heartbeats,
+        "reclaim_after_silence_max": cfg.lease_extension,
+        "reclaim_if_never_renewed": cfg.kv_lease_duration,
+        "max_hold": cfg.max_lease_lifetime,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        cfg = config_from_args(args)
+    except ValueError as exc:
+        print(f"leaseproto config: unsafe configuration: {exc}", file=sys.stderr)
+        return 2
+    values = cfg.as_dict()
+    derived = bounds(cfg)
+    if args.json:
+        print(json.dumps({"config": values, "bounds": derived}, indent=2))
+        return 0
+    width = max(len(k) for k in (*values, *derived))
+    print("effective configuration")
+    for key, value in values.items():
+        print(f"  {key:<{width}}  {_fmt(value)}")
+    print("implied bounds (spec §5)")
+    notes = {
+        "tolerated_missed_heartbeats": "consecutive heartbeats that may be lost",
+        "reclaim_after_silence_max": "s after P's last received heartbeat, plus one step",
+        "reclaim_if_never_renewed": "s after the grant",
+        "max_hold": "s after the grant, whatever D does" if cfg.max_lease_lifetime
+        else "no cap: a heartbeating D holds blocks indefinitely",
+    }
+    for key, value in derived.items():
+        print(f"  {key:<{width}}  {_fmt(value)}  ({notes[key]})")
+    return 0
+
+
+def _fmt(value: object) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)

@@ -1,0 +1,233 @@
+"""Wire formats carried in NIXL notifications (spec §3, "Messages").
+
+Byte-compatible with vLLM's NIXL connector:
+
+* heartbeat, D→P: ``b"HB:" + b",".join(ids)`` (P's request ids, UTF-8);
+* transfer-done, D→P: ``b"<req_id>:<n>"``, split on the last ``:``.
+
+Our own messages, each with a prefix vLLM never sends:
+
+* abort, D→P: ``b"AB:" + req_id`` (D rejected or cancelled the request);
+* nack, P→D: ``b"NK:" + reason + b":" + req_id`` (a transfer-done arrived
+  after the lease ended: the reader must discard what it read).
+
+:func:`decode` returns a typed message or raises :class:`MalformedMessage`
+and nothing else, whatever the bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Union
+
+from ._errors import RemoteProtocolError
+
+__all__ = [
+    "ABORT_PREFIX",
+    "HEARTBEAT_PREFIX",
+    "MAX_ID_BYTES",
+    "NACK_PREFIX",
+    "NACK_REASONS",
+    "Abort",
+    "Heartbeat",
+    "MalformedMessage",
+    "Message",
+    "Nack",
+    "TransferDone",
+    "check_id",
+    "decode",
+    "encode",
+    "encode_abort",
+    "encode_heartbeat",
+    "encode_nack",
+    "encode_transfer_done",
+]
+
+HEARTBEAT_PREFIX = b"HB:"
+ABORT_PREFIX = b"AB:"
+NACK_PREFIX = b"NK:"
+_RESERVED = (HEARTBEAT_PREFIX, ABORT_PREFIX, NACK_PREFIX)
+#: Longest request id, in UTF-8 bytes.
+MAX_ID_BYTES = 512
+#: Largest count a transfer-done may carry.
+MAX_COUNT = 1 << 20
+NACK_REASONS = ("expired", "aborted")
+
+
+class MalformedMessage(RemoteProtocolError, ValueError):
+    """A notification that is not a valid message. Count it and drop it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """Renew P's leases for these request ids."""
+
+    ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TransferDone:
+    """D finished reading ``req_id``'s blocks; ``count`` is vLLM's ``n``."""
+
+    req_id: str
+    count: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Abort:
+    """D will never read ``req_id``: free its blocks now."""
+
+    req_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Nack:
+    """P saw D's transfer-done after the lease ended (``reason``): what D read
+    may come from reused blocks and must be discarded."""
+
+    req_id: str
+    reason: str
+
+
+Message = Union[Heartbeat, TransferDone, Abort, Nack]  # noqa: UP007 - runtime alias, py3.10
+
+
+def _id_problem(req_id: object) -> str | None:
+    if not isinstance(req_id, str):
+        return f"request id must be a str, got {type(req_id).__name__}"
+    if not req_id:
+        return "request id is empty"
+    if "," in req_id:
+        return f"request id {req_id!r} contains ','"
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in req_id):
+        return f"request id {req_id!r} contains a control character"
+    try:
+        raw = req_id.encode("utf-8")
+    except UnicodeEncodeError:
+        return f"request id {req_id!r} is not encodable as UTF-8"
+    if len(raw) > MAX_ID_BYTES:
+        return f"request id is {len(raw)} bytes, more than {MAX_ID_BYTES}"
+    if raw.startswith(_RESERVED):
+        return f"request id {req_id!r} starts with a reserved prefix"
+    return None
+
+
+def check_id(req_id: str) -> bytes:
+    """The id's UTF-8 bytes.
+
+    Raises:
+        ValueError: empty, contains ``,`` or a control character, longer than
+            :data:`MAX_ID_BYTES`, or starts with a reserved prefix.
+    """
+    problem = _id_problem(req_id)
+    if problem is not None:
+        raise ValueError(problem)
+    return req_id.encode("utf-8")
+
+
+def encode_heartbeat(ids: Iterable[str], *, max_bytes: int = 4096) -> list[bytes]:
+    """Heartbeat messages naming every id exactly once, none over ``max_bytes``.
+
+    Ids keep their order; duplicates are sent once. No ids, no messages.
+
+    Raises:
+        ValueError: an id is invalid (:func:`check_id`) or too long to fit in
+            one message, or ``max_bytes`` leaves no room for an id.
+    """
+    room = max_bytes - len(HEARTBEAT_PREFIX)
+    if room < 1:
+        raise ValueError(f"max_bytes={max_bytes} leaves no room for an id")
+    out: list[bytes] = []
+    parts: list[bytes] = []
+    size = 0
+    seen: set[str] = set()
+    for rid in ids:
+        if rid in seen:
+            continue
+        raw = check_id(rid)
+        seen.add(rid)
+        if len(raw) > room:
+            raise ValueError(f"request id of {len(raw)} bytes does not fit in a "
+                             f"{max_bytes}-byte heartbeat")
+        extra = len(raw) + (1 if parts else 0)
+        if size + extra > room:
+            out.append(HEARTBEAT_PREFIX + b",".join(parts))
+            parts, size, extra = [], 0, len(raw)
+        parts.append(raw)
+        size += extra
+    if parts:
+        out.append(HEARTBEAT_PREFIX + b",".join(parts))
+    return out
+
+
+def encode_transfer_done(req_id: str, count: int = 1) -> bytes:
+    """``b"<req_id>:<count>"`` (vLLM's format)."""
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_COUNT:
+        raise ValueError(f"count={count!r} must be an integer in [1, {MAX_COUNT}]")
+    return check_id(req_id) + b":" + str(count).encode()
+
+
+def encode_abort(req_id: str) -> bytes:
+    return ABORT_PREFIX + check_id(req_id)
+
+
+def encode_nack(req_id: str, reason: str) -> bytes:
+    if reason not in NACK_REASONS:
+        raise ValueError(f"reason={reason!r} must be one of {NACK_REASONS}")
+    return NACK_PREFIX + reason.encode() + b":" + check_id(req_id)
+
+
+def encode(message: Message, *, max_bytes: int = 4096) -> list[bytes]:
+    """Any message as notification payloads (several only for a long heartbeat)."""
+    if isinstance(message, Heartbeat):
+        return encode_heartbeat(message.ids, max_bytes=max_bytes)
+    if isinstance(message, TransferDone):
+        return [encode_transfer_done(message.req_id, message.count)]
+    if isinstance(message, Abort):
+        return [encode_abort(message.req_id)]
+    if isinstance(message, Nack):
+        return [encode_nack(message.req_id, message.reason)]
+    raise TypeError(f"not a message: {message!r}")
+
+
+def _valid_id(raw: str, msg: object) -> str:
+    problem = _id_problem(raw)
+    if problem is not None:
+        raise MalformedMessage(f"{problem} in {msg!r}")
+    return raw
+
+
+def decode(msg: bytes) -> Message:
+    """Parse one notification.
+
+    Raises:
+        MalformedMessage: anything that is not a valid message: not bytes,
+            not UTF-8, an empty or invalid id, a bad count, an unknown form.
+    """
+    if not isinstance(msg, (bytes, bytearray, memoryview)):
+        raise MalformedMessage(f"notification must be bytes, got {type(msg).__name__}")
+    data = bytes(msg)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise MalformedMessage(f"notification is not UTF-8: {data[:64]!r}") from exc
+    if data.startswith(HEARTBEAT_PREFIX):
+        body = text[len(HEARTBEAT_PREFIX):]
+        return Heartbeat(tuple(_valid_id(part, data) for part in body.split(",")))
+    if data.startswith(ABORT_PREFIX):
+        return Abort(_valid_id(text[len(ABORT_PREFIX):], data))
+    if data.startswith(NACK_PREFIX):
+        reason, sep, rid = text[len(NACK_PREFIX):].partition(":")
+        if not sep or reason not in NACK_REASONS:
+            raise MalformedMessage(f"bad nack {data[:64]!r}")
+        return Nack(_valid_id(rid, data), reason)
+    rid, sep, count = text.rpartition(":")
+    if not sep:
+        raise MalformedMessage(f"unknown message {data[:64]!r}")
+    if not (count.isascii() and count.isdigit()) or len(count) > 7:
+        raise MalformedMessage(f"bad transfer-done count in {data[:64]!r}")
+    n = int(count)
+    if not 1 <= n <= MAX_COUNT:
+        raise MalformedMessage(f"transfer-done count {n} out of range in {data[:64]!r}")
+    return TransferDone(_valid_id(rid, data), n)
