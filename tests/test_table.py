@@ -1,0 +1,297 @@
+"""Unit tests of LeaseTable, rule by rule (spec §8.1-8.5). Invariant ids in names."""
+
+import math
+
+import pytest
+
+from leaseproto import (
+    LateTransfer,
+    LeaseConfig,
+    LeaseTable,
+    LocalProtocolError,
+    Release,
+    ReleaseReason,
+)
+
+CFG = LeaseConfig()  # 30 s lease, 5 s interval, 20 s extension
+
+
+def table(**kw: object) -> LeaseTable:
+    return LeaseTable(LeaseConfig(**kw)) if kw else LeaseTable(CFG)  # type: ignore[arg-type]
+
+
+# -- grant --------------------------------------------------------------------------------
+def test_grant_sets_deadline_from_default_or_given_ttl() -> None:
+    t = table()
+    assert t.grant("a", now=10.0) is None
+    assert t.grant("b", now=10.0, ttl=480.0) is None
+    assert t.deadline("a") == 40.0
+    assert t.deadline("b") == 490.0
+    assert len(t) == 2 and "a" in t and "zz" not in t
+    assert t.next_deadline() == 40.0
+
+
+def test_granting_a_live_lease_is_misuse_and_changes_nothing() -> None:
+    t = table()
+    t.grant("a", now=0.0)
+    with pytest.raises(LocalProtocolError, match="live"):
+        t.grant("a", now=1.0, ttl=100.0)
+    assert t.deadline("a") == 30.0
+    assert t.stats.granted == 1
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2"])
+def test_grant_rejects_bad_consumers(bad: object) -> None:
+    with pytest.raises(ValueError, match="consumers"):
+        table().grant("a", now=0.0, consumers=bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bad", [0.0, -3.0, math.inf, math.nan, True])
+def test_grant_rejects_bad_ttl(bad: object) -> None:
+    t = table()
+    with pytest.raises(ValueError, match="ttl"):
+        t.grant("a", now=0.0, ttl=bad)  # type: ignore[arg-type]
+    assert len(t) == 0
+
+
+def test_now_going_backwards_is_misuse() -> None:
+    t = table()
+    t.grant("a", now=5.0)
+    for call in (lambda: t.renew(["a"], now=4.0), lambda: t.expire(now=4.9),
+                 lambda: t.transfer_done("a", now=1.0), lambda: t.abort("a", now=0.0),
+                 lambda: t.grant("b", now=4.0)):
+        with pytest.raises(LocalProtocolError, match="backwards"):
+            call()
+    assert t.deadline("a") == 35.0 and "b" not in t
+
+
+def test_reused_id_after_release_is_a_new_lease() -> None:
+    t = table()
+    t.grant("a", now=0.0)
+    t.abort("a", now=1.0)
+    assert t.ended("a") is ReleaseReason.ABORTED
+    t.grant("a", now=2.0)
+    assert t.deadline("a") == 32.0 and t.ended("a") is None
+
+
+# -- renew --------------------------------------------------------------------------------
+def test_renew_takes_the_max_never_shortens_I1() -> None:
+    t = table()
+    t.grant("a", now=0.0)  # deadline 30
+    assert t.renew(["a"], now=5.0) == 1  # now + 20 = 25 < 30: kept
+    assert t.deadline("a") == 30.0
+    assert t.renew(["a"], now=15.0) == 1
+    assert t.deadline("a") == 35.0
+    t.grant("b", now=15.0, ttl=480.0)
+    t.renew(["b"], now=16.0)
+    assert t.deadline("b") == 495.0  # a long ttl is never cut by a renewal
+
+
+def test_renew_at_the_deadline_instant_does_not_revive_I2() -> None:
+    t = table()
+    t.grant("a", now=0.0)
+    assert t.renew(["a"], now=30.0) == 0  # now == deadline: already lapsed
+    assert t.deadline("a") == 30.0
+    assert t.stats.renew_lapsed == 1
+
+
+def test_renew_just_before_deadline_extends() -> None:
+    t = table()
+    t.grant("a", now=0.0)
+    assert t.renew(["a"], now=29.5) == 1
+    assert t.deadline("a") == 49.5
+
+
+def test_renew_ignores_and_counts_unknown_and_ended_ids_I2() -> None:
+    t = table()
+    t.grant("a", now=0.0)
+    t.grant("b", now=0.0)
+    t.transfer_done("b", now=1.0)
+    assert t.renew(["zz", "b", "a", "a"], now=20.0) == 2
+    s = t.stats
+    assert (s.renew_unknown, s.renew_late, s.renewed) == (1, 1, 2)
+    assert "b" not in t and "zz" not in t and t.deadline("b") is None
+
+
+def test_renew_is_capped_I7() -> None:
+    t = table(max_lease_lifetime=60.0)
+    t.grant("a", now=0.0)
+    for now in (15.0, 30.0, 45.0, 55.0):
+        t.renew(["a"], now=now)
+    assert t.deadline("a") == 60.0
+    assert t.expire(now=59.99) == []
+    (r,) = t.expire(now=60.0)
+    assert r.reason is ReleaseReason.EXPIRED and r.last_renewal == 55.0
+
+
+def test_cap_never_shortens_a_longer_ttl() -> None:
+    t = table(max_lease_lifetime=60.0)
+    t.grant("a", now=0.0, ttl=480.0)
+    t.renew(["a"], now=10.0)
+    assert t.deadline("a") == 480.0
+
+
+# -- expire -------------------------------------------------------------------------------
+def test_expire_at_exact_deadline_I4() -> None:
+    t = table()
+    t.grant("a", now=0.0)
+    assert t.expire(now=29.999) == []
+    (r,) = t.expire(now=30.0)
+    assert r == Release("a", ReleaseReason.EXPIRED, 30.0, granted_at=0.0, deadline=30.0)
+    assert len(t) == 0 and t.next_deadline() is None
+    assert t.stats.released_expired == 1
+
+
+def test_expire_does_not_depend_on_grant_order_B1() -> None:
+    # upstream B1: A renewed at the head of an insertion-ordered map hid a dead B behind it
+    t = table()
+    t.grant("A", now=0.0)
+    t.grant("B", now=1.0)
+    for now in (5.0, 10.0, 15.0, 20.0, 25.0, 30.0):
+        t.renew(["A"], now=now)
+        t.expire(now=now)
+    (r,) = t.expire(now=31.0)
+    assert r.req_id == "B" and "A" in t
+    assert all(d is None or d > 31.0 for d in (t.deadline(x) for x in t.live()))
+
+
+def test_expire_mixed_ttls_B1() -> None:
+    t = table()
+    t.grant("X", now=0.0, ttl=480.0)
+    t.grant("Y", now=1.0)
+    assert [r.req_id for r in t.expire(now=31.0)] == ["Y"]
+    assert t.live() == ["X"]
+
+
+def test_expire_returns_in_deadline_order_and_only_due() -> None:
+    t = table()
+    t.grant("late", now=0.0, ttl=10.0)
+    t.grant("early", now=1.0, ttl=2.0)
+    t.grant("never", now=2.0, ttl=100.0)
+    t.renew(["late"], now=9.0)  # late -> 29
+    got = t.expire(now=40.0)
+    assert [(r.req_id, r.deadline) for r in got] == [("early", 3.0), ("late", 29.0)]
+    assert t.next_deadline() == 102.0
+
+
+def test_next_deadline_follows_renewals() -> None:
+    t = table()
+    t.grant("a", now=0.0)
+    t.grant("b", now=1.0)
+    t.renew(["a"], now=25.0)  # a -> 45
+    assert t.next_deadline() == 31.0
+    t.transfer_done("b", now=26.0)
+    assert t.next_deadline() == 45.0
+
+
+def test_many_ended_leases_do_not_grow_the_heap_without_bound() -> None:
+    t = table()
+    for i in range(5000):
+        t.grant(f"r{i}", now=float(i))
+        t.transfer_done(f"r{i}", now=float(i))
+    assert len(t._heap) <= 1024 + 1  # compacted
+    assert t.expire(now=10_000.0) == []
+
+
+# -- transfer-done ------------------------------------------------------------------------
+def test_transfer_done_releases_with_consumers_I10() -> None:
+    t = table()
+    t.grant("a", now=0.0, consumers=3)
+    assert t.transfer_done("a", now=1.0) is None
+    assert t.transfer_done("a", now=2.0) is None
+    assert t.lease_info("a")["done"] == 2  # type: ignore[index]
+    r = t.transfer_done("a", now=3.0)
+    assert isinstance(r, Release) and r.reason is ReleaseReason.TRANSFERRED and r.at == 3.0
+    assert t.transfer_done("a", now=4.0) is None  # beyond consumers: counted, harmless
+    assert t.stats.excess_transfers == 1 and t.stats.late_transfers == 0
+
+
+def test_transfer_done_after_deadline_but_before_reap_still_transfers() -> None:
+    t = table()
+    t.grant("a", now=0.0)
+    r = t.transfer_done("a", now=31.0)  # blocks were never freed: the read was good
+    assert isinstance(r, Release) and r.reason is ReleaseReason.TRANSFERRED
+
+
+@pytest.mark.parametrize("how", ["expire", "abort"])
+def test_late_transfer_after_expiry_or_abort(how: str) -> None:
+    t = table()
+    t.grant("a", now=0.0)
+    if how == "expire":
+        t.expire(now=30.0)
+        ended = ReleaseReason.EXPIRED
+    else:
+        t.abort("a", now=30.0)
+        ended = ReleaseReason.ABORTED
+    late = t.transfer_done("a", now=31.0)
+    assert late == LateTransfer("a", ended, 31.0, ended_at=30.0)
+    assert t.stats.late_transfers == 1
+
+
+def test_early_transfer_is_staged_and_applied_on_grant_B7() -> None:
+    t = table()
+    assert t.transfer_done("a", now=0.0) is None
+    assert t.stats.early_staged == 1 and len(t) == 0
+    r = t.grant("a", now=0.5)
+    assert isinstance(r, Release) and r.reason is ReleaseReason.TRANSFERRED
+    assert len(t) == 0 and t.stats.early_applied == 1
+
+
+def test_early_transfers_count_towards_consumers() -> None:
+    t = table()
+    t.transfer_done("a", now=0.0)
+    assert t.grant("a", now=1.0, consumers=2) is None
+    assert t.lease_info("a")["done"] == 1  # type: ignore[index]
+    r = t.transfer_done("a", now=2.0)
+    assert isinstance(r, Release) and r.reason is ReleaseReason.TRANSFERRED
+
+
+def test_staging_is_bounded_in_time_and_count() -> None:
+    t = table(staging_ttl=5.0, staging_capacity=2)
+    t.transfer_done("a", now=0.0)
+    t.transfer_done("b", now=1.0)
+    t.transfer_done("c", now=2.0)  # evicts a
+    assert t.stats.early_dropped == 1
+    assert t.grant("a", now=3.0) is None  # nothing staged any more
+    t.expire(now=6.0)  # b is 5 s old: dropped
+    assert t.grant("b", now=6.0) is None
+    r = t.grant("c", now=6.5)
+    assert isinstance(r, Release)
+    assert t.stats.early_dropped == 2
+
+
+def test_tombstones_are_bounded_in_time_and_count() -> None:
+    t = table(tombstone_ttl=10.0, tombstone_capacity=2)
+    for rid in ("a", "b", "c"):
+        t.grant(rid, now=0.0)
+        t.abort(rid, now=0.0)
+    assert t.ended("a") is None and t.ended("c") is ReleaseReason.ABORTED
+    t.expire(now=10.0)
+    assert t.ended("c") is None
+    # a forgotten lease's late notification is then staged as unknown
+    assert t.transfer_done("c", now=11.0) is None and t.stats.early_staged == 1
+
+
+# -- abort --------------------------------------------------------------------------------
+def test_abort_releases_at_once_and_only_once_I3() -> None:
+    t = table()
+    t.grant("a", now=0.0)
+    r = t.abort("a", now=3.0)
+    assert r is not None and r.reason is ReleaseReason.ABORTED and r.at == 3.0
+    assert t.abort("a", now=4.0) is None
+    assert t.expire(now=100.0) == []
+    s = t.stats
+    assert (s.released_aborted, s.late_aborts, s.released_expired) == (1, 1, 0)
+
+
+def test_abort_before_grant_releases_on_grant_B8() -> None:
+    t = table()
+    assert t.abort("a", now=0.0) is None
+    r = t.grant("a", now=1.0)
+    assert r is not None and r.reason is ReleaseReason.ABORTED
+
+
+def test_repr_and_stats_live() -> None:
+    t = table()
+    t.grant("a", now=0.0)
+    assert "live=1" in repr(t) and t.stats.live == 1

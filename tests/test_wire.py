@@ -1,0 +1,132 @@
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from leaseproto import LeaseTable, wire
+from leaseproto.wire import Abort, Heartbeat, MalformedMessage, Nack, TransferDone
+
+ID_CHARS = st.characters(blacklist_categories=("Cs", "Cc"), blacklist_characters=",")
+ids = st.text(ID_CHARS, min_size=1, max_size=40).filter(
+    lambda s: not s.startswith(("HB:", "AB:", "NK:")))
+
+
+def test_vllm_byte_compatible_formats() -> None:
+    assert wire.encode_heartbeat(["cmpl-abc-1a2b3c4d", "cmpl-def-9f8e7d6c"]) == [
+        b"HB:cmpl-abc-1a2b3c4d,cmpl-def-9f8e7d6c"]
+    assert wire.encode_transfer_done("cmpl-abc-1a2b3c4d", 2) == b"cmpl-abc-1a2b3c4d:2"
+    assert wire.decode(b"HB:a,b") == Heartbeat(("a", "b"))
+    assert wire.decode(b"chat:cmpl:x:4") == TransferDone("chat:cmpl:x", 4)  # last ':' splits
+
+
+def test_own_messages_round_trip() -> None:
+    assert wire.decode(wire.encode_abort("r:1")) == Abort("r:1")
+    assert wire.decode(wire.encode_nack("r:1", "expired")) == Nack("r:1", "expired")
+    for m in (Heartbeat(("a", "b")), TransferDone("x", 3), Abort("y"), Nack("z", "aborted")):
+        (payload,) = wire.encode(m)
+        assert wire.decode(payload) == m
+
+
+def test_heartbeat_split_respects_max_bytes_and_keeps_every_id_once() -> None:
+    rids = [f"cmpl-{i:04d}-deadbeef" for i in range(100)]
+    msgs = wire.encode_heartbeat(rids + rids[:10], max_bytes=256)
+    assert len(msgs) > 1 and all(len(m) <= 256 for m in msgs)
+    got = [i for m in msgs for i in wire.decode(m).ids]  # type: ignore[union-attr]
+    assert got == rids
+    assert wire.encode_heartbeat([]) == []
+
+
+@pytest.mark.parametrize("bad", ["", "a,b", "x" * 600, "HB:x", "AB:y", "NK:z", "tab\there", 7])
+def test_unencodable_ids_raise_value_error(bad: object) -> None:
+    with pytest.raises(ValueError):
+        wire.encode_heartbeat([bad])  # type: ignore[list-item]
+    with pytest.raises(ValueError):
+        wire.encode_transfer_done(bad)  # type: ignore[arg-type]
+
+
+def test_id_too_long_for_max_bytes() -> None:
+    with pytest.raises(ValueError, match="does not fit"):
+        wire.encode_heartbeat(["x" * 100], max_bytes=64)
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 1.0, 1 << 21])
+def test_bad_counts_rejected(bad: object) -> None:
+    with pytest.raises(ValueError, match="count"):
+        wire.encode_transfer_done("a", bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("payload", [
+    b"", b"HB:", b"HB:a,,b", b"HB:a,", b"\xff\xfe", b"noseparator", b"id:", b"id:-1", b"id:0",
+    b"id:1.5", b"id: 2", b"id:\xd9\xa3", b":3", b"NK:late:x", b"NK:expired", b"AB:", b"AB:a,b",
+    b"HB:HB:x", b"id:99999999",
+])
+def test_malformed_payloads(payload: bytes) -> None:
+    with pytest.raises(MalformedMessage):
+        wire.decode(payload)
+
+
+def test_decode_rejects_non_bytes() -> None:
+    with pytest.raises(MalformedMessage):
+        wire.decode("HB:a")  # type: ignore[arg-type]
+
+
+@given(st.binary(max_size=200))
+def test_decode_raises_nothing_but_malformed_on_arbitrary_bytes(data: bytes) -> None:
+    try:
+        msg = wire.decode(data)
+    except MalformedMessage:
+        return
+    assert wire.decode(wire.encode(msg)[0]) == msg  # anything accepted re-encodes
+
+
+@given(st.lists(ids, max_size=30), st.integers(64, 400))
+def test_encode_decode_heartbeat_roundtrip(rids: list[str], max_bytes: int) -> None:
+    unique = list(dict.fromkeys(rids))
+    try:
+        msgs = wire.encode_heartbeat(unique, max_bytes=max_bytes)
+    except ValueError:
+        assert any(len(r.encode()) > max_bytes - 3 for r in unique)
+        return
+    assert all(len(m) <= max_bytes for m in msgs)
+    assert [i for m in msgs for i in wire.decode(m).ids] == unique  # type: ignore[union-attr]
+
+
+def route(table: LeaseTable, payload: bytes, now: float) -> bool:
+    """What a P worker does with one notification; False when it was dropped."""
+    try:
+        msg = wire.decode(payload)
+    except MalformedMessage:
+        return False
+    if isinstance(msg, Heartbeat):
+        table.renew(msg.ids, now=now)
+    elif isinstance(msg, TransferDone):
+        table.transfer_done(msg.req_id, now=now)
+    elif isinstance(msg, Abort):
+        table.abort(msg.req_id, now=now)
+    return True
+
+
+VALID = [b"HB:a,b", b"a:1", b"HB:b", b"b:2", b"AB:c", b"HB:zz"]
+JUNK = st.binary(max_size=40).filter(lambda b: not b.startswith((b"HB:", b"AB:", b"NK:"))
+                                     and b":" not in b) | st.sampled_from(
+    [b"HB:", b"HB:a,,b", b"a:0", b"b:x", b"\xffHB:a", b"AB:", b"HB:a,\x00"])
+
+
+@given(st.lists(JUNK, max_size=12), st.randoms(use_true_random=False))
+def test_malformed_messages_change_no_lease(junk: list[bytes], rnd: object) -> None:
+    def run(payloads: list[bytes]) -> tuple[object, ...]:
+        t = LeaseTable()
+        for rid in ("a", "b", "c"):
+            t.grant(rid, now=0.0, consumers=2 if rid == "b" else 1)
+        dropped = sum(not route(t, p, now=10.0) for p in payloads)
+        s = t.stats
+        return (dropped, {r: t.deadline(r) for r in "abc"}, t.lease_info("b"), s.renewed,
+                s.renew_unknown, s.released_transferred, s.released_aborted, len(t))
+
+    mixed = VALID + junk
+    rnd.shuffle(mixed)  # type: ignore[attr-defined]
+    # keep the valid messages in their order; junk anywhere between them
+    order = iter(VALID)
+    mixed = [next(order) if m in VALID else m for m in mixed]
+    got, want = run(mixed), run(VALID)
+    assert got[0] == len(junk) and want[0] == 0
+    assert got[1:] == want[1:]
