@@ -47,18 +47,25 @@ def vmin(a: T, b: T) -> T:
     return ite(a <= b, a, b)  # type: ignore[operator]
 
 
+def _concrete(conds: tuple[bool, ...]) -> bool:
+    for c in conds:
+        if c is not True and c is not False:
+            return False
+    return True
+
+
 def conj(*conds: bool) -> bool:
     """Logical and of every condition."""
-    if all(c is True or c is False for c in conds):
-        return all(conds)
+    if _concrete(conds):
+        return False not in conds
     result: bool = _z3mod().And(*conds)
     return result
 
 
 def disj(*conds: bool) -> bool:
     """Logical or of every condition."""
-    if all(c is True or c is False for c in conds):
-        return any(conds)
+    if _concrete(conds):
+        return True in conds
     result: bool = _z3mod().Or(*conds)
     return result
 
