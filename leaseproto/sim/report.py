@@ -1,0 +1,124 @@
+"""A comparison as a table, as files (JSON and CSV) and as a picture."""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from .figures import FIGURE_LABELS
+from .runner import Comparison
+
+__all__ = ["plot", "table", "write_files"]
+
+
+def _cell(value: object, fmt: str) -> str:
+    if value is None:
+        return "-"
+    return fmt.format(value)
+
+
+def table(comp: Comparison) -> str:
+    """The figures, one column per policy, one row per figure."""
+    names = [f.policy for f in comp.figures]
+    rows = [[label, *(_cell(getattr(f, attr), fmt) for f in comp.figures)]
+            for attr, label, fmt in FIGURE_LABELS]
+    widths = [max(len(r[k]) for r in [["", *names], *rows]) for k in range(len(names) + 1)]
+    lines = ["  ".join([f"{'':<{widths[0]}}",
+                        *(f"{n:>{w}}" for n, w in zip(names, widths[1:], strict=True))])]
+    lines.append("  ".join("-" * w for w in widths))
+    for r in rows:
+        lines.append("  ".join([f"{r[0]:<{widths[0]}}",
+                                *(f"{c:>{w}}" for c, w in zip(r[1:], widths[1:], strict=True))]))
+    return "\n".join(lines)
+
+
+def header(comp: Comparison) -> str:
+    sc = comp.scenario
+    events = sum(f.events for f in comp.figures)
+    return (f"scenario {sc.name}: {comp.workload_size:,} requests over {sc.duration:g} s of "
+            f"virtual time, {sc.p_engines} P + {sc.d_engines} D engines, seed {comp.seed}; "
+            f"{len(comp.figures)} policies, {events:,} events in {comp.wall_s:.1f} s wall")
+
+
+def _scenario_dict(comp: Comparison) -> dict[str, Any]:
+    return asdict(comp.scenario)
+
+
+def write_files(comp: Comparison, out: Path) -> list[Path]:
+    """Write ``figures.json``, ``figures.csv``, ``series.csv`` and
+    ``death_to_release.csv`` under ``out`` (created). Returns the paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    figs = [f.as_dict() for f in comp.figures]
+    doc = {
+        "scenario": _scenario_dict(comp),
+        "seed": comp.seed,
+        "wall_s": comp.wall_s,
+        "policies": [{"name": p.name, "heartbeats": p.heartbeats, "ttl": p.ttl,
+                      "config": p.config.as_dict()} for p in comp.policies],
+        "figures": figs,
+        "series": {f.policy: asdict(s) for f, s in zip(comp.figures, comp.series, strict=True)},
+    }
+    paths = [out / "figures.json", out / "figures.csv", out / "series.csv",
+             out / "death_to_release.csv"]
+    paths[0].write_text(json.dumps(doc, indent=1) + "\n")
+    with paths[1].open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(figs[0]))
+        w.writeheader()
+        w.writerows(figs)
+    with paths[2].open("w", newline="") as fh:
+        w2 = csv.writer(fh)
+        w2.writerow(["policy", "t", "p_blocks", "live_leases", "d_waiting", "hb_msgs"])
+        for f, s in zip(comp.figures, comp.series, strict=True):
+            for row in zip(s.t, s.p_blocks, s.live_leases, s.d_waiting, s.hb_msgs, strict=True):
+                w2.writerow([f.policy, *row])
+    with paths[3].open("w", newline="") as fh:
+        w3 = csv.writer(fh)
+        w3.writerow(["policy", "seconds"])
+        for f in comp.figures:
+            for v in f.death_to_release:
+                w3.writerow([f.policy, v])
+    return paths
+
+
+def plot(comp: Comparison, path: Path) -> None:
+    """P's held blocks over time, one line per policy, surges shaded and
+    crashes marked.
+
+    Raises:
+        ImportError: matplotlib is missing (``pip install 'leaseproto[plot]'``).
+    """
+    try:
+        import matplotlib  # noqa: PLC0415 - optional extra, imported on use
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt  # noqa: PLC0415
+    except ImportError as exc:
+        raise ImportError("--plot needs matplotlib: pip install 'leaseproto[plot]'") from exc
+    sc = comp.scenario
+    fig, ax = plt.subplots(figsize=(10, 5), dpi=110)
+    styles = ("-", "-", "-", "--", ":", "-.")
+    for k, (f, s) in enumerate(zip(comp.figures, comp.series, strict=True)):
+        ax.plot(s.t, s.p_blocks, label=f.policy, linewidth=1.4 if k < 3 else 1.8,
+                linestyle=styles[k % len(styles)])
+    for k, surge in enumerate(sc.surges):
+        ax.axvspan(surge.start, surge.start + surge.length, color="orange", alpha=0.15,
+                   label="surge" if k == 0 else None)
+    for k, crash in enumerate(sc.crashes):
+        ax.axvline(crash.at, color="red", linestyle="--", linewidth=1,
+                   label="D crash" if k == 0 else None)
+    for k, hang in enumerate(sc.hangs):
+        ax.axvspan(hang.at, hang.at + hang.length, color="grey", alpha=0.12,
+                   label="D hung" if k == 0 else None)
+    ax.set_xlabel("virtual time (s)")
+    ax.set_ylabel("KV blocks held by P under a lease")
+    ax.set_title(f"leaseproto sim --preset {sc.name} (seed {comp.seed}, "
+                 f"{comp.workload_size:,} requests)")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper right", fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
