@@ -62,6 +62,8 @@ class Figures:
     hb_bytes_per_s: float = 0.0
     #: heartbeat bytes per lease renewal, whole run
     hb_bytes_per_renewal: float | None = None
+    #: request ids carried by heartbeats (all messages, whole run)
+    hb_ids: int = 0
     renewals: int = 0
     #: D waiting-queue time, 99th percentile (how deep the surge went)
     d_wait_p99: float | None = None

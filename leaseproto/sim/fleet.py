@@ -303,6 +303,7 @@ class FleetRun:
         in_window = t <= self.sc.duration
         for engine, ids in tr.due(now=t, pending=pending).items():
             p = self.p_by_name[engine]
+            self.fig.hb_ids += len(ids)
             for msg in wire.encode_heartbeat(ids, max_bytes=max_bytes):
                 self._hb_msgs += 1
                 self._hb_bytes += len(msg)

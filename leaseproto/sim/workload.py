@@ -146,7 +146,7 @@ _BOTH = Scenario(
 _SCALE = Scenario(
     name="scale", duration=3600.0, rate=2.9, p_engines=4, d_engines=8,
     surges=(Surge(start=900.0, length=300.0, rate=8.0),),
-    crashes=(Crash(at=1500.0, engine=0, down_for=120.0),
+    crashes=(Crash(at=1100.0, engine=0, down_for=120.0),
              Crash(at=2700.0, engine=3, down_for=60.0)),
 )
 
