@@ -19,6 +19,8 @@ __all__ = ["build_parser", "main"]
 #: Subcommand modules, in the order ``--help`` lists them.
 _COMMANDS: tuple[str, ...] = (
     "config_cmd",
+    "replay_cmd",
+    "diagram_cmd",
     "sim_cmd",
 )
 

@@ -1,0 +1,412 @@
+"""The replay engine behind ``leaseproto replay`` (spec §12).
+
+It drives the real :class:`~leaseproto.LeaseTable` (one per P rank), the real
+:class:`~leaseproto.HeartbeatTracker` (D) and :mod:`leaseproto.wire` through a
+scenario (:mod:`leaseproto._scenario`) on one virtual timeline, and records what
+they do as :class:`Event` values. Owns no clock: ``t`` comes from the file,
+and each side's ``now`` is its clock's reading at ``t`` (``offset + rate * t``).
+
+Order of things at one instant: messages that arrive at ``t`` land in their
+inboxes first, then the lines at ``t`` run in file order (a periodic line at
+the position of the line that declared it). P handles its inbox only in
+``p_step``: every message in arrival order, then ``expire`` (as a P engine
+step does). D's heartbeats leave in ``d_step`` and arrive ``delay`` later.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import wire
+from ._errors import LocalProtocolError
+from ._events import LateTransfer, Release
+from ._scenario import Engine, Op, Scenario, ScenarioError, parse_scenario
+from ._table import LeaseTable, TableStats
+from ._tracker import HeartbeatTracker
+
+__all__ = ["Event", "ReplayResult", "replay", "replay_text"]
+
+_TOL = 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One thing the reference implementation did."""
+
+    t: float
+    where: str
+    kind: str
+    text: str
+    line: int = 0
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class ReplayResult:
+    name: str
+    events: list[Event]
+    expects_ok: int = 0
+    expects_failed: int = 0
+    #: the line that stopped the replay (misuse such as granting a live id)
+    error: ScenarioError | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.expects_failed == 0
+
+
+class _Rank:
+    def __init__(self, name: str, engine: Engine, table: LeaseTable) -> None:
+        self.name = name
+        self.engine = engine
+        self.table = table
+        self.inbox: list[tuple[bytes, float, int]] = []  # payload, sent at, line
+        self.releases: dict[str, tuple[str, float]] = {}
+        self.nacks: list[str] = []
+        self.malformed = 0
+
+
+def _f(x: float | None) -> str:
+    return "none" if x is None else f"{x:.3f}"
+
+
+def _show(payload: bytes) -> str:
+    text = payload.decode("utf-8", errors="backslashreplace")
+    return text if len(text) <= 72 else f"{text[:60]}... ({len(payload)} bytes)"
+
+
+class _Replay:
+    def __init__(self, scenario: Scenario) -> None:
+        h = scenario.header
+        self.h = h
+        self.cfg = h.config
+        self.clock = {side: (rate, off) for side, rate, off in h.clocks}
+        self.ranks: dict[str, list[_Rank]] = {}
+        for e in h.engines:
+            self.ranks[e.name] = [
+                _Rank(e.name if e.tp == 1 else f"{e.name}/{i}", e, LeaseTable(self.cfg))
+                for i in range(e.tp)]
+        self.engines = {e.name: e for e in h.engines}
+        self.tracker: HeartbeatTracker | None = HeartbeatTracker(self.cfg)
+        self.crashed_at = 0
+        self.connected: set[str] = set()
+        self.handshake_done: dict[str, float] = {}
+        self.events: list[Event] = []
+        self.result = ReplayResult(h.name, self.events)
+        self.queue: list[tuple[float, int, int, int, Any]] = []  # t, prio, line, seq, item
+        self.seq = itertools.count()
+        for op in scenario.ops:
+            self._push(op.t, 1, op.line, (op, 0))
+        self.t = 0.0
+        self.line = 0
+
+    # -- helpers --------------------------------------------------------------------------
+    def _push(self, t: float, prio: int, order: int, item: Any) -> None:
+        heapq.heappush(self.queue, (t, prio, order, next(self.seq), item))
+
+    def _now(self, side: str) -> float:
+        rate, off = self.clock[side]
+        return off + rate * self.t
+
+    def _emit(self, where: str, kind: str, text: str, **data: Any) -> None:
+        if where.startswith("P") and self.clock["P"] != (1.0, 0.0) and where in self._names():
+            text += f"  [P clock {self._now('P'):.3f}]"
+        self.events.append(Event(self.t, where, kind, text, self.line, data))
+
+    def _names(self) -> set[str]:
+        return {r.name for rs in self.ranks.values() for r in rs}
+
+    def _select(self, engine: str | None, rank: int | None) -> list[_Rank]:
+        if engine is None:
+            return [r for rs in self.ranks.values() for r in rs]
+        rs = self.ranks[engine]
+        return rs if rank is None else [rs[rank]]
+
+    def _d(self) -> HeartbeatTracker:
+        if self.tracker is None:
+            raise ScenarioError(self.line, f"D is down (crashed at line {self.crashed_at}); "
+                                           "add a d_restart line first")
+        return self.tracker
+
+    def _release(self, rank: _Rank, rel: Release, how: str = "") -> None:
+        rank.releases[rel.req_id] = (rel.reason.value, rel.at)
+        self._emit(rank.name, "release",
+                   f"release {rel.req_id}: {rel.reason.value}{how} (granted {_f(rel.granted_at)}, "
+                   f"deadline {_f(rel.deadline)}, last renewal {_f(rel.last_renewal)})",
+                   id=rel.req_id, reason=rel.reason.value, at=rel.at,
+                   granted_at=rel.granted_at, deadline=rel.deadline,
+                   last_renewal=rel.last_renewal)
+
+    # -- run ------------------------------------------------------------------------------
+    def run(self) -> ReplayResult:
+        while self.queue:
+            t, prio, _, _, item = heapq.heappop(self.queue)
+            self.t = t
+            if prio == 0:
+                ranks, payload, sent, line = item
+                for r in ranks:
+                    r.inbox.append((payload, sent, line))
+                continue
+            op, k = item
+            self.line = op.line
+            if "every" in op.args:
+                nxt = op.t + (k + 1) * op.args["every"]
+                if nxt <= op.args["until"] + _TOL:
+                    self._push(nxt, 1, op.line, (op, k + 1))
+            try:
+                getattr(self, "_op_" + op.op)(op)
+            except ScenarioError as exc:
+                self.result.error = exc
+                return self.result
+            except (LocalProtocolError, ValueError) as exc:
+                self.result.error = ScenarioError(op.line, f"{op.op}: {exc}")
+                return self.result
+        self._summary()
+        return self.result
+
+    def _summary(self) -> None:
+        for rs in self.ranks.values():
+            for r in rs:
+                s = r.table.stats
+                left = len(r.inbox)
+                self._emit(r.name, "end",
+                           f"end: live [{', '.join(r.table.live())}]; released "
+                           f"{s.released_transferred} transferred, {s.released_expired} expired, "
+                           f"{s.released_aborted} aborted; nacks {len(r.nacks)}"
+                           + (f"; {left} message(s) never handled (no later p_step)"
+                              if left else ""),
+                           live=r.table.live(), unhandled=left)
+        if self.tracker is not None:
+            self._emit("D", "end", f"end: tracking [{', '.join(self._tracked())}]",
+                       tracked=self._tracked())
+        self._emit("-", "end", f"expects: {self.result.expects_ok} ok, "
+                               f"{self.result.expects_failed} failed")
+
+    def _tracked(self) -> list[str]:
+        tr = self.tracker
+        if tr is None:
+            return []
+        return sorted(rid for e in tr.engines() for rid in tr.requests(e))
+
+    # -- P --------------------------------------------------------------------------------
+    def _op_grant(self, op: Op) -> None:
+        a = op.args
+        for r in self._select(a["engine"], a.get("rank")):
+            rel = r.table.grant(a["id"], now=self._now("P"), consumers=a.get("consumers", 1),
+                                ttl=a.get("ttl"))
+            info = r.table.lease_info(a["id"])
+            deadline = info["deadline"] if info else rel.deadline if rel else None
+            extra = f", consumers {a['consumers']}" if a.get("consumers", 1) != 1 else ""
+            self._emit(r.name, "grant", f"grant {a['id']}: deadline {_f(deadline)}{extra}",
+                       id=a["id"], deadline=deadline)
+            if rel is not None:
+                self._release(r, rel, " at grant (staged early notification applied)")
+
+    def _op_deliver(self, op: Op) -> None:
+        a = op.args
+        for r in self._select(a["engine"], a.get("rank")):
+            r.inbox.append((a["msg"].encode("utf-8"), self.t, op.line))
+
+    def _op_p_step(self, op: Op) -> None:
+        for r in self._select(op.args.get("engine"), op.args.get("rank")):
+            inbox, r.inbox = r.inbox, []
+            for payload, sent, _ in inbox:
+                self._handle(r, payload, sent)
+            dropped = r.table.stats.early_dropped
+            for rel in r.table.expire(now=self._now("P")):
+                self._release(r, rel)
+            dropped = r.table.stats.early_dropped - dropped
+            if dropped:
+                self._emit(r.name, "staging", f"forgot {dropped} staged early "
+                                              "notification(s) (staging_ttl)")
+
+    def _handle(self, r: _Rank, payload: bytes, sent: float) -> None:
+        now = self._now("P")
+        tab = r.table
+        try:
+            msg = wire.decode(payload)
+        except wire.MalformedMessage as exc:
+            r.malformed += 1
+            self._emit(r.name, "malformed", f"recv {_show(payload)!s}: malformed, dropped ({exc})")
+            return
+        head = f"recv {_show(payload)} (sent {_f(sent)})"
+        if isinstance(msg, wire.Heartbeat):
+            outcomes: dict[str, list[str]] = {}  # what happened -> ids, in order
+            for rid in msg.ids:
+                old = tab.deadline(rid)
+                before = tab.stats
+                if tab.renew([rid], now=now):
+                    new = tab.deadline(rid)
+                    what = (f"renewed {_f(old)}->{_f(new)}" if new != old
+                            else f"renewed, deadline stays {_f(new)}")
+                else:
+                    what = _ignored(before, tab.stats)
+                outcomes.setdefault(what, []).append(rid)
+            text = "; ".join(f"{', '.join(ids)} {what}" for what, ids in outcomes.items())
+            self._emit(r.name, "heartbeat", f"{head}: {text}", ids=list(msg.ids))
+        elif isinstance(msg, wire.TransferDone):
+            res = tab.transfer_done(msg.req_id, now=now)
+            if isinstance(res, Release):
+                self._emit(r.name, "transfer_done", head)
+                self._release(r, res)
+            elif isinstance(res, LateTransfer):
+                nack = wire.encode_nack(res.req_id, res.ended.value)
+                r.nacks.append(res.req_id)
+                self._emit(r.name, "late_transfer",
+                           f"{head}: LATE, lease {res.ended.value} at {_f(res.ended_at)}: "
+                           f"the reader may have read reused blocks; send {nack.decode()} to D",
+                           id=res.req_id, ended=res.ended.value, nack=nack.decode())
+            else:
+                info = tab.lease_info(msg.req_id)
+                if info is not None:
+                    what = f"counted {info['done']} of {info['consumers']}"
+                elif tab.ended(msg.req_id) is not None:
+                    what = "excess (lease already transferred), ignored"
+                else:
+                    what = "early: not granted yet, staged"
+                self._emit(r.name, "transfer_done", f"{head}: {what}", id=msg.req_id)
+        elif isinstance(msg, wire.Abort):
+            rel = tab.abort(msg.req_id, now=now)
+            if rel is not None:
+                self._emit(r.name, "abort", head)
+                self._release(r, rel)
+            else:
+                ended = tab.ended(msg.req_id)
+                what = (f"late (lease already {ended.value}), ignored" if ended is not None
+                        else "early: not granted yet, staged")
+                self._emit(r.name, "abort", f"{head}: {what}", id=msg.req_id)
+        else:
+            self._emit(r.name, "unexpected", f"{head}: a nack is P's message, never D's; "
+                                             "dropped")
+
+    # -- D --------------------------------------------------------------------------------
+    def _op_track(self, op: Op) -> None:
+        a = op.args
+        eng = a["engine"]
+        self._d().track(a["id"], engine_id=eng, remote_req_id=a.get("remote_id"),
+                        now=self._now("D"))
+        rid = a.get("remote_id", a["id"])
+        self._emit("D", "track", f"track {a['id']} (P's id {rid}) on {eng}", id=a["id"])
+        if eng not in self.connected and eng not in self.handshake_done:
+            k = self.engines[eng].handshake
+            if k == 0:
+                self.connected.add(eng)
+            else:
+                self.handshake_done[eng] = self.t + k
+                self._emit("D", "handshake", f"handshake with {eng} started, done at "
+                                             f"{_f(self.t + k)}", engine=eng)
+
+    def _op_untrack(self, op: Op) -> None:
+        d = self._d()
+        rid = op.args["id"]
+        known = rid in d
+        d.untrack(rid)
+        self._emit("D", "untrack", f"untrack {rid}" + ("" if known else ": not tracked, no-op"),
+                   id=rid)
+
+    def _op_d_step(self, op: Op) -> None:
+        if self.tracker is None and "every" in op.args:
+            return  # a periodic d_step ends when D crashes
+        d = self._d()
+        for eng, at in list(self.handshake_done.items()):
+            if at <= self.t + _TOL:
+                del self.handshake_done[eng]
+                self.connected.add(eng)
+        pending = set(self.handshake_done)
+        deferred = d.stats.deferred
+        due = d.due(now=self._now("D"), pending=pending)
+        if d.stats.deferred > deferred:
+            late = sorted(e for e in pending if e in d.engines())
+            self._emit("D", "deferred", f"heartbeat to {', '.join(late)} deferred: handshake "
+                                        "pending (the engine keeps its turn)")
+        for eng, ids in due.items():
+            for payload in wire.encode_heartbeat(ids, max_bytes=self.cfg.max_notification_bytes):
+                self._send(op, eng, None, payload, "heartbeat")
+
+    def _send(self, op: Op, eng: str, rank: int | None, payload: bytes, kind: str) -> None:
+        delay = op.args.get("delay", self.h.delay)
+        ranks = self._select(eng, rank)
+        dest = eng if rank is None else ranks[0].name
+        if op.args.get("deliver", True):
+            self._push(self.t + delay, 0, 0, (ranks, payload, self.t, op.line))
+            fate = f"arrives {_f(self.t + delay)}"
+        else:
+            fate = "LOST"
+        self._emit("D", kind, f"send {_show(payload)} to {dest}: {fate}",
+                   engine=eng, payload=payload.decode("utf-8", "backslashreplace"),
+                   lost=not op.args.get("deliver", True))
+
+    def _op_send(self, op: Op) -> None:
+        self._d()
+        a = op.args
+        if "transfer_done" in a:
+            payload = wire.encode_transfer_done(a["transfer_done"], a.get("n", 1))
+        elif "abort" in a:
+            payload = wire.encode_abort(a["abort"])
+        else:
+            payload = a["msg"].encode("utf-8")
+        self._send(op, a["engine"], a.get("rank"), payload, "send")
+
+    def _op_drop_engine(self, op: Op) -> None:
+        eng = op.args["engine"]
+        lost = self._d().drop_engine(eng)
+        self.connected.discard(eng)
+        self.handshake_done.pop(eng, None)
+        self._emit("D", "drop_engine", f"drop engine {eng}: fail over [{', '.join(lost)}]",
+                   ids=lost)
+
+    def _op_d_crash(self, op: Op) -> None:
+        n = len(self._d())
+        self.tracker = None
+        self.crashed_at = op.line
+        self.connected.clear()
+        self.handshake_done.clear()
+        self._emit("D", "crash", f"D crashes: {n} tracked request(s) lost, no more heartbeats "
+                                 "(messages already sent still arrive)")
+
+    def _op_d_restart(self, op: Op) -> None:
+        if self.tracker is not None:
+            raise ScenarioError(op.line, "d_restart: D is running")
+        self.tracker = HeartbeatTracker(self.cfg)
+        self._emit("D", "restart", "D restarts with nothing tracked")
+
+    # -- narration and checks ---------------------------------------------------------------
+    def _op_note(self, op: Op) -> None:
+        self._emit("-", "note", f"# {op.args['text']}")
+
+    def _op_expect(self, op: Op) -> None:
+        from ._replay_expect import check  # noqa: PLC0415 - keeps this module small
+        failures = check(self, op)
+        checked = ", ".join(k for k in op.args if k != "where")
+        if failures:
+            self.result.expects_failed += 1
+            for f in failures:
+                self._emit("-", "expect", f"EXPECT FAILED ({checked}): {f}", ok=False)
+        else:
+            self.result.expects_ok += 1
+            self._emit("-", "expect", f"expect ok: {checked}", ok=True)
+
+
+def _ignored(before: TableStats, after: TableStats) -> str:
+    if after.renew_unknown > before.renew_unknown:
+        return "unknown, ignored"
+    if after.renew_late > before.renew_late:
+        return "late (lease ended), ignored"
+    return "lapsed (deadline passed, not yet reaped), ignored"
+
+
+def replay(scenario: Scenario) -> ReplayResult:
+    """Run a parsed scenario against the reference implementation."""
+    return _Replay(scenario).run()
+
+
+def replay_text(text: str) -> ReplayResult:
+    """Parse and run a scenario.
+
+    Raises:
+        ScenarioError: a line that does not parse or validate (nothing ran).
+    """
+    return replay(parse_scenario(text))
