@@ -189,6 +189,9 @@ class LeaseConfig:
 
     @property
     def tolerated_missed_heartbeats(self) -> int:
-        """How many consecutive heartbeats may be lost before a lease lapses:
-        ``ceil(lease_extension / heartbeat_interval) - 1`` (3 at defaults)."""
-        return math.ceil(self.lease_extension / self.heartbeat_interval) - 1
+        """How many consecutive heartbeats may be lost, with no delay at all,
+        without the lease lapsing: the largest ``k`` with ``(k + 1) *
+        heartbeat_interval < lease_extension``, i.e. ``ceil(E / H) - 2`` (2 at
+        defaults: the 4th heartbeat after a renewal at t would land at t + 20,
+        exactly on the deadline, which is too late)."""
+        return math.ceil(self.lease_extension / self.heartbeat_interval) - 2

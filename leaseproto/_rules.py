@@ -75,7 +75,7 @@ def grant_deadline(now: N, ttl: N) -> N:
     return now + ttl
 
 
-# -- renew (spec §8.2; I1 monotone, I2 no revival, I6 cap) --------------------------------
+# -- renew (spec §8.2; I1 monotone, I2 no revival, I7 cap) --------------------------------
 def renew_applies(state: int, deadline: N, now: N) -> bool:
     """A heartbeat renews only a granted lease that is still live."""
     return conj(state == GRANTED, now < deadline)
@@ -83,7 +83,7 @@ def renew_applies(state: int, deadline: N, now: N) -> bool:
 
 def renew_deadline(state: int, deadline: N, cap_at: N | None, now: N, extension: N) -> N:
     """``max(deadline, min(now + extension, cap_at))`` when the renewal applies,
-    else ``deadline`` unchanged. Never shortens (I1), never passes the cap (I6)."""
+    else ``deadline`` unchanged. Never shortens (I1), never passes the cap (I7)."""
     target = now + extension
     if cap_at is not None:
         target = vmin(target, cap_at)

@@ -1,4 +1,4 @@
-"""The per-lease state machine on P, as data (spec §5, §6).
+"""The per-lease state machine on P, as data (spec §6).
 
 Theory of operation
 -------------------

@@ -108,8 +108,9 @@ def _id_problem(req_id: object) -> str | None:
         return f"request id {req_id!r} is not encodable as UTF-8"
     if len(raw) > MAX_ID_BYTES:
         return f"request id is {len(raw)} bytes, more than {MAX_ID_BYTES}"
-    if raw.startswith(_RESERVED):
-        return f"request id {req_id!r} starts with a reserved prefix"
+    if (raw + b":").startswith(_RESERVED):
+        # "HB" is refused too: its transfer-done "HB:1" would read as a heartbeat
+        return f"request id {req_id!r} collides with a reserved prefix"
     return None
 
 
@@ -118,7 +119,8 @@ def check_id(req_id: str) -> bytes:
 
     Raises:
         ValueError: empty, contains ``,`` or a control character, longer than
-            :data:`MAX_ID_BYTES`, or starts with a reserved prefix.
+            :data:`MAX_ID_BYTES`, or starts with a reserved prefix (``HB:``,
+            ``AB:``, ``NK:``) or equals one without its colon.
     """
     problem = _id_problem(req_id)
     if problem is not None:

@@ -10,7 +10,8 @@ def test_defaults_match_vllm() -> None:
     c = LeaseConfig()
     assert (c.kv_lease_duration, c.heartbeat_interval, c.lease_extension) == (30.0, 5.0, 20.0)
     assert c.decoder_kv_blocks_ttl == 480.0 and c.max_lease_lifetime is None
-    assert c.tolerated_missed_heartbeats == 3
+    assert c.tolerated_missed_heartbeats == 2
+    assert LeaseConfig(kv_lease_duration=30, heartbeat_interval=4).tolerated_missed_heartbeats == 3
 
 
 def test_derived_values_follow_the_duration() -> None:

@@ -7,7 +7,7 @@ from leaseproto.wire import Abort, Heartbeat, MalformedMessage, Nack, TransferDo
 
 ID_CHARS = st.characters(blacklist_categories=("Cs", "Cc"), blacklist_characters=",")
 ids = st.text(ID_CHARS, min_size=1, max_size=40).filter(
-    lambda s: not s.startswith(("HB:", "AB:", "NK:")))
+    lambda s: not (s + ":").startswith(("HB:", "AB:", "NK:")))
 
 
 def test_vllm_byte_compatible_formats() -> None:
@@ -35,7 +35,8 @@ def test_heartbeat_split_respects_max_bytes_and_keeps_every_id_once() -> None:
     assert wire.encode_heartbeat([]) == []
 
 
-@pytest.mark.parametrize("bad", ["", "a,b", "x" * 600, "HB:x", "AB:y", "NK:z", "tab\there", 7])
+@pytest.mark.parametrize("bad", ["", "a,b", "x" * 600, "HB:x", "AB:y", "NK:z", "HB", "AB", "NK",
+                                 "tab\there", 7])
 def test_unencodable_ids_raise_value_error(bad: object) -> None:
     with pytest.raises(ValueError):
         wire.encode_heartbeat([bad])  # type: ignore[list-item]
