@@ -200,12 +200,18 @@ class LeaseTable:
                 return self._end(lease, state, now)
         return None
 
-    def renew(self, req_ids: Iterable[str], *, now: float) -> int:
+    def renew(self, req_ids: Iterable[str], *, now: float,
+              lost: list[str] | None = None) -> int:
         """Apply one heartbeat: every live lease named gets
         ``deadline = max(deadline, min(now + lease_extension, granted_at + cap))``.
 
         Unknown, ended and lapsed ids are ignored and counted; a renewal never
         creates or revives a lease. Returns how many leases were renewed.
+
+        ``lost``, when given, receives the ids whose lease is gone for good:
+        ended by expiry or abort, or lapsed (``deadline <= now``) and about to
+        be reaped. D still heartbeats them, so it has not read them yet: the
+        caller can nack them and D fails over before it reads reused blocks.
         """
         self._clock(now)
         ext = self.config.lease_extension
@@ -215,10 +221,18 @@ class LeaseTable:
         for rid in req_ids:
             lease = leases.get(rid)
             if lease is None:
-                c["renew_late" if rid in self._ended else "renew_unknown"] += 1
+                ended = self._ended.get(rid)
+                if ended is None:
+                    c["renew_unknown"] += 1
+                    continue
+                c["renew_late"] += 1
+                if lost is not None and ended[0] != R.TRANSFERRED:
+                    lost.append(rid)
                 continue
             if not R.renew_applies(lease.state, lease.deadline, now):
                 c["renew_lapsed"] += 1
+                if lost is not None:
+                    lost.append(rid)
                 continue
             lease.deadline = R.renew_deadline(lease.state, lease.deadline, lease.cap_at, now, ext)
             lease.last_renewal = now
