@@ -22,6 +22,7 @@ _COMMANDS: tuple[str, ...] = (
     "replay_cmd",
     "diagram_cmd",
     "sim_cmd",
+    "prove_cmd",
 )
 
 

@@ -1,0 +1,5 @@
+import sys
+
+from proofs.check import main
+
+sys.exit(main())

@@ -1,0 +1,245 @@
+"""Discharge every proof obligation with z3 and print one line each.
+
+For each system (mypyvy's ``check_init`` / ``check_transitions``):
+
+* ``init sat``: the axioms and initial states are satisfiable;
+* ``init => Ik``: every initial state satisfies each state invariant;
+* ``T enabled``: some state satisfying all invariants takes transition ``T``
+  to its interesting outcome (so no inductive step passes vacuously);
+* ``Ik preserved by T``: all state invariants before, plus ``T``, imply ``Ik``
+  after (``Ik`` a state invariant) or the step property ``Ik`` (a step one).
+
+Each theorem (I9's gate, the timing bounds of :mod:`proofs.timing`) is proven
+valid and its hypotheses shown satisfiable. A fixed seed and a per-obligation
+timeout make runs repeatable; ``unknown`` is a failure, never a pass.
+Models are rebuilt on every run, so a rule patched in memory is what gets proven.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import z3
+
+from . import bmc, model, timing
+from . import counterexamples as cx
+from . import invariants as inv_mod
+from .kit import System, fmt, model_value
+
+SEED = 0
+TIMEOUT_MS = 20_000
+
+
+@dataclass
+class Obligation:
+    system: str
+    label: str
+    ids: tuple[str, ...]
+    expect: str  # "unsat": a proof; "sat": a witness must exist
+    assertions: list[Any]
+    show: Callable[[Any], list[str]] = field(default=lambda m: [])
+    why: str = ""
+
+
+@dataclass
+class Result:
+    obligation: Obligation
+    ok: bool
+    answer: str
+    seconds: float
+    detail: list[str]
+
+
+def configure() -> None:
+    z3.set_param("smt.random_seed", SEED)
+    z3.set_param("sat.random_seed", SEED)
+    z3.set_param("nlsat.seed", SEED)
+
+
+def solve(ob: Obligation, timeout_ms: int = TIMEOUT_MS) -> Result:
+    s = z3.Solver()
+    s.set("timeout", timeout_ms)
+    s.set("random_seed", SEED)
+    s.add(*ob.assertions)
+    start = time.perf_counter()
+    answer = s.check()
+    took = time.perf_counter() - start
+    if answer == z3.unknown:
+        return Result(ob, False, "unknown", took,
+                      [f"z3 answered unknown ({s.reason_unknown()}): counted as FAIL"])
+    got = "sat" if answer == z3.sat else "unsat"
+    if got == ob.expect:
+        return Result(ob, True, got, took, [])
+    if got == "sat":  # a counterexample to a proof obligation
+        return Result(ob, False, got, took, [ob.why, *ob.show(s.model())])
+    return Result(ob, False, got, took, [ob.why or "no witness exists: the check is vacuous"])
+
+
+# -- rendering ----------------------------------------------------------------------------
+def render(m: Any, values: Iterable[tuple[str, Any]]) -> str:
+    parts = []
+    for name, expr in values:
+        v = model_value(m, expr)
+        if name == "st" and isinstance(v, int):
+            v = model.STATE_NAMES.get(v, v)
+        parts.append(f"{name}={fmt(v)}")
+    return " ".join(parts)
+
+
+def _changed(m: Any, s: Any, s2: Any) -> list[tuple[str, Any]]:
+    return [(n, s2[n]) for n in s.names() if model_value(m, s[n]) != model_value(m, s2[n])]
+
+
+# -- obligations --------------------------------------------------------------------------
+def system_obligations(sys_: System, invs: Sequence[Any]) -> list[Obligation]:
+    p = sys_.param_vars()
+    s, s2 = sys_.state("0"), sys_.state("1")
+    ax = sys_.axioms(p)
+    state_invs = [i for i in invs if i.kind == "state"]
+    step_invs = [i for i in invs if i.kind == "step"]
+    all_pre = [i.pred(s, p) for i in state_invs]
+    n = sys_.name
+
+    def params_line(m: Any) -> str:
+        return "params: " + render(m, p.items())
+
+    obs = [Obligation(n, "init sat", (), "sat", [ax, sys_.init(s, p)],
+                      why="the axioms and initial states are unsatisfiable")]
+    for i in state_invs:
+        obs.append(Obligation(
+            n, f"init => {i.id}", (i.id,), "unsat", [ax, sys_.init(s, p), z3.Not(i.pred(s, p))],
+            lambda m, s=s: ["initial state: " + render(m, s.items()), params_line(m)],
+            why=f"an initial state violates {i.id}: {i.text}"))
+    for t in sys_.transitions:
+        a = sys_.args(t, "0")
+        rel = sys_.relation(t, s, s2, a, p)
+        out = t.outputs(s, a, p) if t.outputs else {}
+        wit = t.witness(s, s2, a, p) if t.witness else z3.BoolVal(True)
+        obs.append(Obligation(n, f"{t.name} enabled", (), "sat", [ax, *all_pre, rel, wit],
+                              why=f"transition {t.name} never reaches its witness from a "
+                                  "state satisfying the invariants: proofs would be vacuous"))
+
+        def cti(m: Any, a: Any = a, t: Any = t) -> list[str]:
+            return ["before: " + render(m, s.items()),
+                    f"{t.name}({render(m, a.items())})",
+                    "after:  " + (render(m, _changed(m, s, s2)) or "(nothing changed)"),
+                    params_line(m)]
+
+        for i in state_invs:
+            obs.append(Obligation(
+                n, f"{i.id} preserved by {t.name}", (i.id,), "unsat",
+                [ax, *all_pre, rel, z3.Not(i.pred(s2, p))], cti,
+                why=f"invariant {i.id} is not preserved by transition {t.name}: {i.text}"))
+        for i in step_invs:
+            obs.append(Obligation(
+                n, f"{i.id} holds across {t.name}", (i.id,), "unsat",
+                [ax, *all_pre, rel, z3.Not(i.pred(s, s2, a, p, t=t, out=out))], cti,
+                why=f"step property {i.id} fails on transition {t.name}: {i.text}"))
+    return obs
+
+
+def theorem_obligations(theorems: Sequence[model.Theorem]) -> list[Obligation]:
+    obs = []
+    for th in theorems:
+        def show(m: Any, th: Any = th) -> list[str]:
+            return ["values: " + render(m, th.show.items())]
+        obs.append(Obligation(th.system, f"{th.id} {th.name}: hypotheses sat", (th.id,),
+                              "sat", [th.hyps], why=f"{th.id}: hypotheses are unsatisfiable"))
+        obs.append(Obligation(th.system, f"{th.id} {th.name}", (th.id,), "unsat",
+                              [th.hyps, z3.Not(th.goal)], show,
+                              why=f"theorem {th.id} is false: {th.text}"))
+    return obs
+
+
+def all_obligations() -> list[Obligation]:
+    """Every obligation, with the models built now from the current rules."""
+    obs: list[Obligation] = []
+    systems = [model.lease_system(cap=False), model.lease_system(cap=True),
+               model.engine_system()]
+    for sys_ in systems:
+        obs += system_obligations(sys_, [i for i in inv_mod.INVARIANTS
+                                         if i.system == sys_.name])
+    obs += theorem_obligations(model.gate_theorems())
+    for sys_, invs in timing.systems():
+        obs += system_obligations(sys_, invs)
+    obs += theorem_obligations(timing.theorems())
+    obs += witness_obligations()
+    return obs
+
+
+def witness_obligations() -> list[Obligation]:
+    """The timing model's good behaviours are reachable under T1 and T2 (a run of
+    normal operation past the initial ttl; a crash reclaimed by expiry)."""
+    obs = []
+    for case in cx.cases():
+        if case.expect_bad:
+            continue
+        sys_ = cx.case_system(case)
+        assertions, _ = bmc.unroll(sys_, case.skeleton, case.goal, pins=case.pins,
+                                   extra=case.extra, start=cx.case_start(case))
+        obs.append(Obligation(sys_.name, f"reachable: {case.name.removeprefix('witness: ')} "
+                              f"({len(case.skeleton)} steps)", ("I8", "I6"), "sat", assertions,
+                              why=f"no run of the composed model shows {case.claim}"))
+    return obs
+
+
+def select(obs: list[Obligation], only: str | None) -> list[Obligation]:
+    if not only:
+        return obs
+    systems = {o.system for o in obs if only in o.ids}
+    return [o for o in obs if o.system in systems and (only in o.ids or not o.ids)]
+
+
+def run(only: str | None = None, timeout_ms: int = TIMEOUT_MS, out: Any = None,
+        counterexamples: bool = False) -> int:
+    """Check everything (or what ``only`` names); print a line per obligation.
+    Returns the exit status: 0 when every obligation is ok."""
+    out = out or sys.stdout
+    configure()
+    start = time.perf_counter()
+    obs = select(all_obligations(), only)
+    if not obs:
+        print(f"no obligation names {only!r}", file=out)
+        return 2
+    failed = 0
+    for ob in obs:
+        r = solve(ob, timeout_ms)
+        tag = "ok  " if r.ok else "FAIL"
+        print(f"{tag} [{ob.system}] {ob.label}  ({r.seconds * 1000:.0f} ms)", file=out)
+        if not r.ok:
+            failed += 1
+            for line in r.detail:
+                print(f"       {line}", file=out)
+    total = time.perf_counter() - start
+    status = 0
+    if failed:
+        print(f"FAILED: {failed} of {len(obs)} obligations ({total:.1f} s)", file=out)
+        status = 1
+    else:
+        print(f"all ok: {len(obs)} obligations ({total:.1f} s)", file=out)
+    if counterexamples:
+        status |= cx.run(out=out, timeout_ms=timeout_ms)
+    return status
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m proofs", description=__doc__.split("\n")[0])
+    add_arguments(ap)
+    args = ap.parse_args(argv)
+    return run(only=args.only, timeout_ms=args.timeout_ms,
+               counterexamples=args.counterexamples)
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--only", metavar="ID", default=None,
+                    help="only the obligations of one invariant id (e.g. I3)")
+    ap.add_argument("--counterexamples", action="store_true",
+                    help="also search and print the schedules showing each timing "
+                         "assumption is necessary and each naive variant is broken")
+    ap.add_argument("--timeout-ms", type=int, default=TIMEOUT_MS,
+                    help=f"z3 timeout per obligation (default {TIMEOUT_MS})")

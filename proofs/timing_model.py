@@ -1,0 +1,253 @@
+"""The composed model of P and D in real time (what it proves: :mod:`proofs.timing`).
+
+State: real time ``tau``; three clocks read at ``tau`` — P's ``cP``, D's ``cD``
+and, for the naive two-clock variant only, a P worker's ``cW`` — each running
+at a rate within ``[1 - rho, 1 + rho]`` of real time with any offset; one lease
+on P (its deadline and fields on P's clock, updated by :mod:`leaseproto._rules`);
+D's tracking of the request and the state of its P engine in D's
+``HeartbeatTracker`` (D's clock); the oldest heartbeat D sent that P has not
+processed (``out``, sent at real ``tout``); ghosts for the last processed
+heartbeat from D's schedule (``renewed``/``cr``/``tr``), the last applied
+renewal from any source (``hash``/``ch``/``th``) and D's last send naming the
+request (``hasO``/``tso``).
+
+Transitions (each instantaneous at ``tau``):
+
+``grant``       P grants at ``cP`` (``grant_deadline``).
+``track``       D starts tracking (router transit ``R`` after the grant); its
+                engine may already be connected and heartbeating other
+                requests, in any state D's schedule allows.
+``handshake``   D's engine connects (``K`` after the track).
+``d_step``      D's ``due``: sends when tracked, connected and never sent or
+                ``heartbeat_due`` on ``cD``.
+``p_step``      P's reaper at ``cP`` (``expire_state``).
+``p_recv``      P applies the oldest unprocessed heartbeat (``renew_deadline``
+                at ``cP``); obliged within ``dl + SP`` of its send.
+``p_stray``     P applies any other heartbeat naming the request: duplicates,
+                old or reordered ones, or one from a decode instance that no
+                longer needs it (with ``strays="bounded"`` only a delivery, within
+                ``dl + SP``, of a heartbeat D sent). Dropping the delivery
+                obligation of every heartbeat but the oldest unprocessed one is
+                sound: an obligation only removes behaviours.
+``d_stop``      D goes silent for this request (crashed, or no longer needs it).
+``advance``     real time passes by ``dt``; each side either steps throughout
+                with no effect (``p_busy``/``d_busy``: a run of steps that expire
+                nothing / send nothing, which by monotone clocks is checked at the
+                end) or does not step, within its bound ``SP``/``SD``; time cannot
+                pass an obligation (a delivery, the handshake, the router transit).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import z3
+
+from leaseproto import _rules as R
+from leaseproto._state import Input
+
+from .kit import Bool, Int, Real, System, Transition
+from .model import ABSENT, allowed, release_fired
+
+#: Bounds a counterexample may let the actual system exceed.
+BOUNDS = ("R", "K", "SD", "SP", "dl", "rho")
+
+FIELDS = {
+    "tau": Real, "cP": Real, "cD": Real, "cW": Real,
+    "st": Int, "deadline": Real, "cg": Real, "tg": Real, "cap_at": Real, "tend": Real,
+    "lastP": Real, "lastDs": Real,
+    "tracked": Bool, "ttrack": Real, "conn": Bool, "silent": Bool, "tsil": Real,
+    "hasD": Bool, "lastD": Real, "tsD": Real, "hasO": Bool, "tso": Real,
+    "out": Bool, "tout": Real,
+    "renewed": Bool, "cr": Real, "tr": Real,
+    "hash": Bool, "ch": Real, "th": Real,
+}
+
+
+@dataclass(frozen=True)
+class Options:
+    """``assume``: which of T1/T2 are axioms; ``actual``: bounds whose real value is
+    a separate parameter ``<name>_act`` (the model obeys it, T1/T2 use the assumed
+    one); ``naive``: ``"assign"`` (renewal assigns) or ``"two_clocks"`` (the reaper
+    compares P's deadline with a worker's clock)."""
+
+    cap: bool = False
+    strays: str = "free"
+    assume: frozenset[str] = frozenset({"T1", "T2"})
+    actual: frozenset[str] = frozenset()
+    naive: str | None = None
+
+
+def hq(p: Any) -> Any:
+    """Longest real time between two heartbeats' interval timers: ``H / (1 - rho)``."""
+    return p.H / (1 - p.rho)
+
+
+def vmax(a: Any, b: Any) -> Any:
+    return z3.If(a >= b, a, b)
+
+
+def t1(p: Any) -> Any:
+    """T1 first heartbeat: R + max(K, H/(1-rho)) + SD + dl + SP < L/(1+rho)."""
+    return p.R + vmax(p.K, hq(p)) + p.SD + p.dl + p.SP < p.L / (1 + p.rho)
+
+
+def t2(p: Any) -> Any:
+    """T2 steady state: H/(1-rho) + SD + dl + SP < E/(1+rho)."""
+    return hq(p) + p.SD + p.dl + p.SP < p.E / (1 + p.rho)
+
+
+def drift(c: Any, c2: Any, dt: Any, rho: Any) -> Any:
+    return z3.And(c2 - c >= (1 - rho) * dt, c2 - c <= (1 + rho) * dt)
+
+
+def build(opts: Options = Options()) -> System:
+    params = {n: Real for n in ("H", "E", "L", "R", "K", "SD", "SP", "dl", "rho")}
+    if opts.cap:
+        params["C"] = Real
+    params.update({f"{b}_act": Real for b in opts.actual})
+
+    def act(p: Any, name: str) -> Any:
+        return p[f"{name}_act"] if name in opts.actual else p[name]
+
+    def axioms(p: Any) -> Any:
+        ax = [p.H > 0, p.E > 0, p.L > 0, p.R >= 0, p.K >= 0, p.SD > 0, p.SP > 0, p.dl >= 0,
+              p.rho >= 0, p.rho < 1]
+        if opts.cap:
+            ax.append(p.C > 0)
+        for b in opts.actual:
+            ax += [p[f"{b}_act"] >= 0] + ([p.rho_act < 1] if b == "rho" else [])
+        if "T1" in opts.assume:
+            ax.append(t1(p))
+        if "T2" in opts.assume:
+            ax.append(t2(p))
+        return z3.And(*ax)
+
+    def init(s: Any, p: Any) -> Any:
+        return z3.And(s.st == ABSENT, z3.Not(s.tracked), z3.Not(s.conn), z3.Not(s.silent),
+                      z3.Not(s.hasD), z3.Not(s.hasO), z3.Not(s.out), z3.Not(s.renewed),
+                      z3.Not(s.hash), s.lastP == s.tau, s.lastDs == s.tau)
+
+    def reaper_clock(s: Any) -> Any:
+        return s.cW if opts.naive == "two_clocks" else s.cP
+
+    def renew(s: Any, p: Any) -> tuple[Any, dict[str, Any]]:
+        c = s.cP
+        applies = R.renew_applies(s.st, s.deadline, c)
+        if opts.naive == "assign":  # the naive variant: deadline = now + extension
+            new_deadline = z3.If(applies, c + p.E, s.deadline)
+        else:
+            new_deadline = R.renew_deadline(s.st, s.deadline, s.cap_at if opts.cap else None,
+                                            c, p.E)
+        return applies, {
+            "st": R.next_state(s.st, Input.RECV_HEARTBEAT, applies), "deadline": new_deadline,
+            "hash": z3.Or(s.hash, applies), "ch": z3.If(applies, c, s.ch),
+            "th": z3.If(applies, s.tau, s.th)}
+
+    def would_send(s: Any, p: Any, c: Any) -> Any:
+        return z3.And(s.tracked, s.conn,
+                      z3.Or(z3.Not(s.hasD), R.heartbeat_due(s.lastD, c, p.H)))
+
+    def grant(s: Any, a: Any, p: Any) -> dict[str, Any]:
+        u = {"st": R.next_state(s.st, Input.GRANT, True),
+             "deadline": R.grant_deadline(s.cP, p.L), "cg": s.cP, "tg": s.tau}
+        if opts.cap:
+            u["cap_at"] = s.cP + p.C
+        return u
+
+    def track_guard(s: Any, a: Any, p: Any) -> Any:
+        lo = 1 - act(p, "rho")
+        engine_ok = z3.Implies(a.hasD0, z3.And(
+            a.conn0, a.tsD0 <= s.lastDs, lo * (s.lastDs - a.tsD0) < p.H,
+            s.cD - a.lastD0 >= lo * (s.tau - a.tsD0)))
+        return z3.And(z3.Not(s.tracked), z3.Not(s.silent), s.st != ABSENT, engine_ok)
+
+    def d_step(s: Any, a: Any, p: Any) -> dict[str, Any]:
+        sent = would_send(s, p, s.cD)
+        return {"lastDs": s.tau, "hasD": z3.Or(s.hasD, sent),
+                "lastD": z3.If(sent, s.cD, s.lastD), "tsD": z3.If(sent, s.tau, s.tsD),
+                "hasO": z3.Or(s.hasO, sent), "tso": z3.If(sent, s.tau, s.tso),
+                "out": z3.Or(s.out, sent), "tout": z3.If(z3.And(sent, z3.Not(s.out)), s.tau,
+                                                         s.tout)}
+
+    def p_step(s: Any, a: Any, p: Any) -> dict[str, Any]:
+        st2 = R.expire_state(s.st, s.deadline, reaper_clock(s))
+        return {"lastP": s.tau, "st": st2,
+                "tend": z3.If(release_fired(s.st, st2), s.tau, s.tend)}
+
+    def p_recv(s: Any, a: Any, p: Any) -> dict[str, Any]:
+        _, u = renew(s, p)
+        u.update(out=False, renewed=True, cr=s.cP, tr=s.tau)
+        return u
+
+    def stray_guard(s: Any, a: Any, p: Any) -> Any:
+        if opts.strays == "bounded":
+            return z3.And(s.hasO, s.tau <= s.tso + act(p, "dl") + act(p, "SP"))
+        return z3.BoolVal(opts.strays == "free")
+
+    def adv_guard(s: Any, a: Any, p: Any) -> Any:
+        t2_ = s.tau + a.dt
+        rho = act(p, "rho")
+        not_silent = z3.Not(s.silent)
+        return z3.And(
+            a.dt > 0, drift(s.cP, a.cP2, a.dt, rho), drift(s.cD, a.cD2, a.dt, rho),
+            drift(s.cW, a.cW2, a.dt, rho),
+            z3.If(a.p_busy, z3.Not(R.expire_due(s.st, s.deadline,
+                                                a.cW2 if opts.naive == "two_clocks"
+                                                else a.cP2)),
+                  t2_ <= s.lastP + act(p, "SP")),
+            z3.Implies(a.d_busy, z3.And(not_silent, z3.Not(would_send(s, p, a.cD2)))),
+            z3.Implies(z3.And(z3.Not(a.d_busy), not_silent), t2_ <= s.lastDs + act(p, "SD")),
+            z3.Implies(s.out, t2_ <= s.tout + act(p, "dl") + act(p, "SP")),
+            z3.Implies(z3.And(s.tracked, z3.Not(s.conn), not_silent),
+                       t2_ <= s.ttrack + act(p, "K")),
+            z3.Implies(z3.And(s.st != ABSENT, z3.Not(s.tracked), not_silent),
+                       t2_ <= s.tg + act(p, "R")))
+
+    def advance(s: Any, a: Any, p: Any) -> dict[str, Any]:
+        t2_ = s.tau + a.dt
+        return {"tau": t2_, "cP": a.cP2, "cD": a.cD2, "cW": a.cW2,
+                "lastP": z3.If(a.p_busy, t2_, s.lastP),
+                "lastDs": z3.If(a.d_busy, t2_, s.lastDs)}
+
+    def true(s: Any, a: Any, p: Any) -> Any:
+        return z3.BoolVal(True)
+
+    transitions = [
+        Transition("grant", "P grants the lease", {},
+                   lambda s, a, p: allowed(s.st, Input.GRANT), grant,
+                   witness=lambda s, s2, a, p: s2.st != s.st),
+        Transition("track", "D starts tracking the request",
+                   {"conn0": Bool, "hasD0": Bool, "lastD0": Real, "tsD0": Real}, track_guard,
+                   lambda s, a, p: {"tracked": True, "ttrack": s.tau, "conn": a.conn0,
+                                    "hasD": a.hasD0, "lastD": a.lastD0, "tsD": a.tsD0,
+                                    "out": False, "hasO": False},
+                   witness=lambda s, s2, a, p: a.hasD0),
+        Transition("handshake", "D's engine connects", {},
+                   lambda s, a, p: z3.And(s.tracked, z3.Not(s.conn)),
+                   lambda s, a, p: {"conn": True}),
+        Transition("d_step", "D steps (due)", {}, lambda s, a, p: z3.Not(s.silent), d_step,
+                   witness=lambda s, s2, a, p: z3.And(s.hasD, s2.tsD == s.tau, s.tsD < s.tau),
+                   outputs=lambda s, a, p: {"sent": would_send(s, p, s.cD)}),
+        Transition("p_step", "P steps (expire)", {}, true, p_step,
+                   witness=lambda s, s2, a, p: s2.st != s.st),
+        Transition("p_recv", "P applies D's oldest unprocessed heartbeat", {},
+                   lambda s, a, p: s.out, p_recv,
+                   witness=lambda s, s2, a, p: s2.deadline > s.deadline),
+        Transition("p_stray", "P applies another heartbeat naming the request", {},
+                   stray_guard, lambda s, a, p: renew(s, p)[1],
+                   witness=lambda s, s2, a, p: s2.deadline > s.deadline),
+        Transition("d_stop", "D goes silent", {}, lambda s, a, p: z3.Not(s.silent),
+                   lambda s, a, p: {"silent": True, "tsil": s.tau}),
+        Transition("advance", "real time passes",
+                   {"dt": Real, "cP2": Real, "cD2": Real, "cW2": Real, "p_busy": Bool,
+                    "d_busy": Bool}, adv_guard, advance,
+                   witness=lambda s, s2, a, p: z3.And(a.p_busy, a.d_busy, s.tracked)),
+    ]
+    name = "timing" + ("-cap" if opts.cap else "") + ("-bounded" if opts.strays == "bounded"
+                                                       else "")
+    if opts.naive:
+        name += f"-naive-{opts.naive}"
+    return System(name, "P and D in real time", dict(FIELDS), params, axioms, init,
+                  transitions)
