@@ -1,0 +1,498 @@
+"""One NIXL agent as seen from a single-threaded engine loop.
+
+:class:`NixlEndpoint` wraps a NIXL agent (UCX backend, listener thread on
+``port`` for metadata exchange) and turns every transport failure into a
+return value the loop can feed to the core. Nothing here raises a transport
+error; bad arguments (wrong types, mismatched descriptor lists, use after
+:meth:`~NixlEndpoint.close`) raise ``TypeError``/``ValueError``/
+:class:`EndpointClosed` because they are caller bugs.
+
+Interface (stable; the workers are built on it)::
+
+    load_nixl() -> ModuleType                       # nixl, else nixl_cu12, else ImportError
+    free_port(host="127.0.0.1") -> int              # bind port 0, close, return it
+    XferDescs(mem_type: str, descs: tuple[tuple[int, int, int], ...])  # (addr, nbytes, dev)
+    NixlEndpoint(name, *, host="127.0.0.1", port, connect_timeout=10.0, connect_retry=0.25)
+      .name, .host, .port, .stats: EndpointStats
+      .register(tensors: Sequence[torch.Tensor]) -> None
+      .connect(peer, host, port) -> None            # starts the exchange, never blocks
+      .is_connected(peer) -> bool
+      .connection_state(peer) -> "unknown"|"connecting"|"connected"|"failed"|"lost"
+      .send(peer, payload: bytes) -> bool           # False on any transport failure
+      .peer_lost(peer) -> bool
+      .take_lost_peers() -> list[tuple[str, str]]   # (peer, reason), each reported once
+      .poll() -> list[tuple[str, bytes]]            # (sender agent name, message)
+      .read(peer, local: XferDescs, remote: XferDescs, *, notif_msg: bytes) -> Transfer
+      .transfer_state(xfer) -> "DONE"|"PROC"|"ERR"
+      .release(xfer) -> None
+      .close() -> None
+
+How NIXL behaves here (nixl-cu12 1.5.1, checked on this machine, CPU only):
+
+* Metadata exchange is one-way: ``fetch_remote_metadata`` loads the *peer's*
+  metadata into us and returns at once (the answer arrives on the listener
+  thread; ``check_remote_metadata`` turns true about 0.1 s later on loopback).
+  :meth:`~NixlEndpoint.connect` therefore also pushes our metadata to the peer
+  (``send_local_metadata``), so the peer can notify us back (P's nacks to D)
+  without connecting itself. Both agents need a listener, which every endpoint
+  has.
+* A fetch from an address where nobody listens fails silently (NIXL only logs
+  it) and is never retried by NIXL. The endpoint re-issues it every
+  ``connect_retry`` seconds until ``connect_timeout``, then reports the peer
+  lost with reason ``"connect timeout"``; so a D started before its P still
+  connects. Duplicate fetches are harmless.
+* The metadata a peer holds is a snapshot: :meth:`~NixlEndpoint.register`
+  memory before anyone connects. (Registering later re-pushes our metadata to
+  the peers we connected to ourselves, not to peers that connected to us.)
+* ``send_notif`` to a peer whose process died raises
+  ``nixlRemoteDisconnectError`` (at once, on loopback); to a peer we have no
+  metadata for it raises ``nixlNotFoundError``. ``check_remote_metadata`` stays
+  true for a dead peer, so the endpoint keeps its own ``lost`` state; a peer
+  is marked lost only on a disconnect (or a connect timeout), never on other
+  errors. :meth:`~NixlEndpoint.connect` again clears it (e.g. a restarted peer).
+* A READ posted to a dead peer raises from ``transfer`` (``postXferReq``); the
+  endpoint returns a :class:`Transfer` already in state ``"ERR"``.
+* The notification attached to a READ (``notif_msg``) is delivered to the
+  *target* (the peer whose memory was read) once the data has moved; the
+  initiator sees ``"DONE"`` from :meth:`~NixlEndpoint.transfer_state`.
+* Messages of 1 MiB arrive intact over UCX on loopback.
+
+Not thread-safe: call it from the engine loop only (NIXL's own listener and
+progress threads are internal to the agent).
+"""
+
+from __future__ import annotations
+
+import importlib
+import socket
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Literal
+
+from .xfer import Transfer, XferDescs, XferState, check_pair
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "INSTALL_HINT",
+    "ConnState",
+    "EndpointClosed",
+    "EndpointStats",
+    "NixlEndpoint",
+    "Transfer",
+    "XferDescs",
+    "XferState",
+    "free_port",
+    "load_nixl",
+]
+
+INSTALL_HINT = "pip install leaseproto[nixl]"
+ConnState = Literal["unknown", "connecting", "connected", "failed", "lost"]
+#: Longest wait between two metadata fetches while connecting (the first wait
+#: is ``connect_retry``; each retry doubles it).
+_MAX_RETRY_DELAY = 2.0
+
+
+def load_nixl() -> ModuleType:
+    """Import the NIXL Python API: ``nixl`` (the meta-package, which picks a
+    CUDA variant from torch and refuses a CPU torch) or else ``nixl_cu12``.
+    Raises ``ImportError`` naming ``pip install leaseproto[nixl]`` when neither
+    imports."""
+    problems: list[str] = []
+    for name in ("nixl", "nixl_cu12"):
+        try:
+            module = importlib.import_module(name)
+        except ImportError as exc:
+            problems.append(f"{name}: {exc}")
+            continue
+        if hasattr(module, "nixl_agent") and hasattr(module, "nixl_agent_config"):
+            return module
+        problems.append(f"{name}: has no nixl_agent")
+    raise ImportError(
+        f"NIXL is not importable ({'; '.join(problems)}); install it with `{INSTALL_HINT}`"
+    )
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (bind to port 0, read it, close).
+    Another process may still take it before you bind; good enough for tests
+    and the local demo."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+class EndpointClosed(RuntimeError):
+    """The endpoint was used after :meth:`NixlEndpoint.close`."""
+
+
+@dataclass(slots=True)
+class EndpointStats:
+    """Counters since the endpoint was made (read them; do not write)."""
+
+    sent: int = 0
+    send_failed: int = 0
+    received: int = 0
+    poll_failed: int = 0
+    connects: int = 0
+    connect_retries: int = 0
+    peers_lost: int = 0
+    reads_started: int = 0
+    reads_done: int = 0
+    reads_failed: int = 0
+    release_failed: int = 0
+    #: the last transport error, in words (for logs)
+    last_error: str = ""
+
+
+@dataclass(slots=True)
+class _Peer:
+    host: str
+    port: int
+    state: ConnState
+    started: float
+    last_try: float
+    delay: float
+    reason: str = ""
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _is_disconnect(exc: BaseException) -> bool:
+    return type(exc).__name__ == "nixlRemoteDisconnectError"
+
+
+class NixlEndpoint:
+    """A NIXL agent named ``name`` with its metadata listener on ``host:port``
+    (``host`` is where peers reach us; the listener binds every interface)."""
+
+    def __init__(self, name: str, *, host: str = "127.0.0.1", port: int,
+                 connect_timeout: float = 10.0, connect_retry: float = 0.25) -> None:
+        if not isinstance(name, str) or not name:
+            raise ValueError("endpoint name must be a non-empty str")
+        _check_port(port)
+        if connect_timeout <= 0 or connect_retry <= 0:
+            raise ValueError("connect_timeout and connect_retry must be > 0")
+        nixl = load_nixl()
+        config = nixl.nixl_agent_config(enable_listen_thread=True, listen_port=port,
+                                        backends=["UCX"])
+        agent = nixl.nixl_agent(name, config)
+        if "UCX" not in agent.backends:
+            raise RuntimeError("NIXL has no UCX backend: the transport cannot start")
+        self._agent: Any = agent
+        self.name = name
+        self.host = host
+        self.port = port
+        self.connect_timeout = float(connect_timeout)
+        self.connect_retry = float(connect_retry)
+        self.stats = EndpointStats()
+        self._peers: dict[str, _Peer] = {}
+        self._lost: list[tuple[str, str]] = []
+        self._registered: list[Any] = []
+
+    # -- memory ---------------------------------------------------------------
+
+    def register(self, tensors: Sequence[torch.Tensor]) -> None:
+        """Register contiguous tensors (CPU → DRAM, CUDA → VRAM) with UCX so
+        peers can READ them. Do it before connecting (see the module notes)."""
+        agent = self._live()
+        for tensor in tensors:
+            if not tensor.is_contiguous():
+                raise ValueError("only contiguous tensors can be registered")
+            self._registered.append(agent.register_memory(tensor))
+        for peer, rec in self._peers.items():
+            if rec.state in ("connecting", "connected"):
+                self._push_metadata(peer, rec)
+
+    # -- connections ----------------------------------------------------------
+
+    def connect(self, peer: str, host: str, port: int) -> None:
+        """Start exchanging metadata with ``peer`` (its agent name) listening
+        on ``host:port``; returns at once. Poll :meth:`is_connected`. Calling
+        it for a connected peer at the same address does nothing; for a lost
+        or failed one (or a new address) it starts over."""
+        agent = self._live()
+        if not isinstance(peer, str) or not peer or peer == self.name:
+            raise ValueError(f"bad peer name {peer!r}")
+        _check_port(port)
+        rec = self._peers.get(peer)
+        if rec is not None and rec.state in ("connecting", "connected") \
+                and (rec.host, rec.port) == (host, port):
+            return
+        if rec is not None or agent.check_remote_metadata(peer):
+            try:
+                agent.remove_remote_agent(peer)
+            except Exception as exc:  # nothing loaded: fine
+                self.stats.last_error = _describe(exc)
+        now = time.monotonic()
+        rec = _Peer(host=host, port=port, state="connecting", started=now, last_try=now,
+                    delay=self.connect_retry)
+        self._peers[peer] = rec
+        self.stats.connects += 1
+        self._fetch(peer, rec)
+
+    def connection_state(self, peer: str) -> ConnState:
+        """Where ``peer`` stands. A peer that connected to *us* (we hold its
+        metadata without calling :meth:`connect`) reads ``"connected"``."""
+        agent = self._live()
+        rec = self._peers.get(peer)
+        if rec is None:
+            return "connected" if agent.check_remote_metadata(peer) else "unknown"
+        self._progress(peer, rec, time.monotonic())
+        return rec.state
+
+    def is_connected(self, peer: str) -> bool:
+        return self.connection_state(peer) == "connected"
+
+    def peer_lost(self, peer: str) -> bool:
+        """True when ``peer`` disconnected or its connect timed out."""
+        rec = self._peers.get(peer)
+        return rec is not None and rec.state in ("lost", "failed")
+
+    def take_lost_peers(self) -> list[tuple[str, str]]:
+        """Peers lost since the last call, as ``(peer, reason)``, each once."""
+        self._progress_all()
+        out, self._lost = self._lost, []
+        return out
+
+    # -- notifications --------------------------------------------------------
+
+    def send(self, peer: str, payload: bytes) -> bool:
+        """Send one notification. Returns False (counted in ``send_failed``)
+        when it could not be sent: peer lost, not connected yet, or any NIXL
+        error; a disconnect also marks the peer lost."""
+        agent = self._live()
+        if not isinstance(payload, (bytes, bytearray)):
+            raise TypeError(f"payload must be bytes, got {type(payload).__name__}")
+        rec = self._peers.get(peer)
+        if rec is not None:
+            self._progress(peer, rec, time.monotonic())
+            if rec.state != "connected":
+                self.stats.send_failed += 1
+                return False
+        try:
+            agent.send_notif(peer, bytes(payload))
+        except Exception as exc:
+            self._failed(peer, exc)
+            self.stats.send_failed += 1
+            return False
+        self.stats.sent += 1
+        return True
+
+    def poll(self) -> list[tuple[str, bytes]]:
+        """Every notification received since the last poll, as
+        ``(sender agent name, message)``; order is kept per sender. Also
+        advances pending connects (retries, timeouts)."""
+        agent = self._live()
+        self._progress_all()
+        try:
+            notifs = agent.get_new_notifs()
+        except Exception as exc:
+            self.stats.poll_failed += 1
+            self.stats.last_error = _describe(exc)
+            return []
+        out = [(str(peer), bytes(msg)) for peer, msgs in notifs.items() for msg in msgs]
+        self.stats.received += len(out)
+        return out
+
+    # -- transfers ------------------------------------------------------------
+
+    def read(self, peer: str, local: XferDescs, remote: XferDescs, *,
+             notif_msg: bytes) -> Transfer:
+        """READ ``remote`` (memory ``peer`` registered) into ``local`` (ours),
+        row by row; NIXL delivers ``notif_msg`` to ``peer`` once the data has
+        moved. Never raises a transport error: a failure to start gives a
+        :class:`Transfer` already in state ``"ERR"``."""
+        agent = self._live()
+        check_pair(local, remote)
+        if not isinstance(notif_msg, (bytes, bytearray)):
+            raise TypeError(f"notif_msg must be bytes, got {type(notif_msg).__name__}")
+        msg = bytes(notif_msg)
+        rec = self._peers.get(peer)
+        if rec is not None and rec.state != "connected":
+            self._progress(peer, rec, time.monotonic())
+        if rec is not None and rec.state != "connected":
+            self.stats.reads_failed += 1
+            return Transfer(peer, msg, local.nbytes, handle=None, state="ERR",
+                            error=f"peer is {rec.state}")
+        xfer = Transfer(peer, msg, local.nbytes, handle=None, state="PROC")
+        xfer._started = time.monotonic()
+        self.stats.reads_started += 1
+        try:
+            ldescs = agent.get_xfer_descs(list(local.descs), local.mem_type)
+            rdescs = agent.get_xfer_descs(list(remote.descs), remote.mem_type)
+            known = bool(agent.check_remote_metadata(peer, rdescs))
+        except Exception as exc:
+            self._fail_xfer(xfer, exc)
+            return xfer
+        xfer._pending = (ldescs, rdescs)
+        if known:
+            self._post(xfer)
+        else:  # metadata from before the peer registered this memory: refresh it
+            self._refetch(peer)
+        return xfer
+
+    def transfer_state(self, xfer: Transfer) -> XferState:
+        """``"DONE"``, ``"PROC"`` or ``"ERR"`` (final states stick)."""
+        agent = self._live()
+        if xfer._state != "PROC":
+            return xfer._state
+        if xfer._pending is not None:
+            self._advance_pending(xfer)
+            return xfer._state
+        try:
+            state: XferState = agent.check_xfer_state(xfer._handle)
+        except Exception as exc:
+            self._fail_xfer(xfer, exc)
+            return "ERR"
+        self._settle(xfer, state, "transfer reported ERR")
+        return state
+
+    def release(self, xfer: Transfer) -> None:
+        """Free NIXL's handle (NIXL tries to cancel a transfer still in
+        progress). Safe to call twice."""
+        self._live()
+        if xfer._handle is not None:
+            handle, xfer._handle = xfer._handle, None
+            self._release_handle(handle)
+
+    def close(self) -> None:
+        """Deregister memory and drop the agent (its threads stop with it)."""
+        agent = self._agent
+        if agent is None:
+            return
+        for reg in self._registered:
+            try:
+                agent.deregister_memory(reg)
+            except Exception as exc:
+                self.stats.last_error = _describe(exc)
+        self._registered.clear()
+        self._agent = None
+
+    # -- internals ------------------------------------------------------------
+
+    def _live(self) -> Any:
+        if self._agent is None:
+            raise EndpointClosed(f"endpoint {self.name!r} is closed")
+        return self._agent
+
+    def _fetch(self, peer: str, rec: _Peer) -> None:
+        try:
+            self._agent.fetch_remote_metadata(peer, rec.host, rec.port)
+        except Exception as exc:
+            self.stats.last_error = _describe(exc)
+        self._push_metadata(peer, rec)
+
+    def _push_metadata(self, peer: str, rec: _Peer) -> None:
+        try:
+            self._agent.send_local_metadata(rec.host, rec.port)
+        except Exception as exc:
+            self.stats.last_error = f"pushing metadata to {peer}: {_describe(exc)}"
+
+    def _progress(self, peer: str, rec: _Peer, now: float) -> None:
+        if rec.state != "connecting":
+            return
+        if self._agent.check_remote_metadata(peer):
+            rec.state = "connected"
+        elif now - rec.started >= self.connect_timeout:
+            self._mark_lost(peer, rec, "failed",
+                            f"connect timeout after {self.connect_timeout:g} s "
+                            f"({rec.host}:{rec.port})")
+        elif now - rec.last_try >= rec.delay:
+            rec.last_try = now
+            rec.delay = min(2.0 * rec.delay, _MAX_RETRY_DELAY)
+            self.stats.connect_retries += 1
+            self._fetch(peer, rec)
+
+    def _progress_all(self) -> None:
+        now = time.monotonic()
+        for peer, rec in self._peers.items():
+            self._progress(peer, rec, now)
+
+    def _failed(self, peer: str, exc: BaseException) -> None:
+        self.stats.last_error = f"{peer}: {_describe(exc)}"
+        if _is_disconnect(exc):
+            rec = self._peers.get(peer)
+            if rec is None:
+                rec = _Peer(host="", port=0, state="connected", started=0.0, last_try=0.0,
+                            delay=self.connect_retry)
+                self._peers[peer] = rec
+            if rec.state not in ("lost", "failed"):
+                self._mark_lost(peer, rec, "lost", "disconnected")
+
+    def _mark_lost(self, peer: str, rec: _Peer, state: ConnState, reason: str) -> None:
+        rec.state = state
+        rec.reason = reason
+        self.stats.peers_lost += 1
+        self._lost.append((peer, reason))
+
+    def _post(self, xfer: Transfer) -> None:
+        assert xfer._pending is not None
+        ldescs, rdescs = xfer._pending
+        xfer._pending = None
+        try:
+            xfer._handle = self._agent.initialize_xfer("READ", ldescs, rdescs, xfer.peer,
+                                                       xfer.notif_msg)
+            state: XferState = self._agent.transfer(xfer._handle)
+        except Exception as exc:
+            self._fail_xfer(xfer, exc)
+            return
+        self._settle(xfer, state, "posting the transfer returned ERR")
+
+    def _advance_pending(self, xfer: Transfer) -> None:
+        assert xfer._pending is not None
+        peer = xfer.peer
+        if self.peer_lost(peer):
+            xfer._pending = None
+            self._settle(xfer, "ERR", f"peer {peer} lost before the read was posted")
+        elif self._agent.check_remote_metadata(peer, xfer._pending[1]):
+            self._post(xfer)
+        elif time.monotonic() - xfer._started >= self.connect_timeout:
+            xfer._pending = None
+            self._settle(xfer, "ERR", f"{peer} has not registered the memory to read "
+                         f"(no metadata covers it after {self.connect_timeout:g} s)")
+        else:
+            self._refetch(peer)
+
+    def _refetch(self, peer: str) -> None:
+        rec = self._peers.get(peer)
+        if rec is None or not rec.host:
+            return  # it connected to us: we do not know where it listens
+        now = time.monotonic()
+        if now - rec.last_try >= self.connect_retry:
+            rec.last_try = now
+            self.stats.connect_retries += 1
+            self._fetch(peer, rec)
+
+    def _settle(self, xfer: Transfer, state: XferState, error: str) -> None:
+        xfer._state = state
+        if state == "DONE":
+            self.stats.reads_done += 1
+        elif state == "ERR":
+            self.stats.reads_failed += 1
+            xfer.error = xfer.error or error
+            if xfer._handle is not None:
+                handle, xfer._handle = xfer._handle, None
+                self._release_handle(handle)
+
+    def _fail_xfer(self, xfer: Transfer, exc: BaseException) -> None:
+        self._failed(xfer.peer, exc)
+        xfer.error = _describe(exc)
+        self._settle(xfer, "ERR", xfer.error)
+
+    def _release_handle(self, handle: Any) -> None:
+        try:
+            handle.release()
+        except Exception as exc:
+            self.stats.release_failed += 1
+            self.stats.last_error = f"releasing a transfer: {_describe(exc)}"
+
+
+def _check_port(port: object) -> None:
+    if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
+        raise ValueError(f"port must be an int in 1..65535, got {port!r}")
