@@ -22,6 +22,9 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--only", metavar="ID", default=None,
                    help="only the obligations of one invariant id (e.g. I3)")
+    p.add_argument("--system", metavar="NAME", default=None,
+                   help="only one system's obligations (lease, lease-cap, engine, gate, "
+                        "timing, timing-cap, timing-bounded)")
     p.add_argument("--counterexamples", action="store_true",
                    help="also print the schedules showing each timing assumption is needed "
                         "and each naive variant is broken")
@@ -38,5 +41,5 @@ def run(args: argparse.Namespace) -> int:
               "pip install 'leaseproto[test]'", file=sys.stderr)
         return 2
     status: int = check.run(only=args.only, timeout_ms=args.timeout_ms,
-                            counterexamples=args.counterexamples)
+                            counterexamples=args.counterexamples, system=args.system)
     return status
