@@ -81,19 +81,24 @@ def _i4(s: Any, p: Any) -> Any:
     return z3.Implies(s.st == GRANTED, s.deadline > s.swept)
 
 
+def _ends_by(s: Any, bound: Any) -> Any:
+    """Its deadline is within ``bound``, and no expire at or after ``bound`` left it live."""
+    return z3.And(s.deadline <= bound, s.swept < bound)
+
+
 def _i5(s: Any, p: Any) -> Any:
     return z3.Implies(z3.And(s.st == GRANTED, z3.Not(s.has_lr)),
-                      s.deadline <= s.granted_at + s.ttl)
+                      _ends_by(s, s.granted_at + s.ttl))
 
 
 def _i6(s: Any, p: Any) -> Any:
     bound = z3.If(s.granted_at + s.ttl >= s.lr + p.E, s.granted_at + s.ttl, s.lr + p.E)
-    return z3.Implies(z3.And(s.st == GRANTED, s.has_lr), s.deadline <= bound)
+    return z3.Implies(z3.And(s.st == GRANTED, s.has_lr), _ends_by(s, bound))
 
 
 def _i7(s: Any, p: Any) -> Any:
     return z3.Implies(s.st == GRANTED,
-                      s.deadline <= s.granted_at + z3.If(s.ttl >= p.C, s.ttl, p.C))
+                      _ends_by(s, s.granted_at + z3.If(s.ttl >= p.C, s.ttl, p.C)))
 
 
 def _i10(s: Any, p: Any) -> Any:

@@ -2,8 +2,8 @@
 
 Symbols (team brief): H heartbeat_interval, E lease_extension, L the lease's
 initial ttl (kv_lease_duration), C max_lease_lifetime, S_D / S_P the longest
-gap between two lease steps of D / P, dl (``dl``) the one-way notification delay
-bound, K the handshake bound, R the router transit (P's grant to D's track), rho
+gap between two lease steps of D / P, dl (the brief's delta) the one-way
+notification delay bound, K the handshake bound, R the router transit (P's grant to D's track), rho
 the clock-rate drift bound (every clock runs at a rate within [1-rho, 1+rho] of real
 time, with any offset: each side measures only durations on its own clock). All
 are real-valued unknowns; the proofs hold for every value satisfying the stated
@@ -48,14 +48,24 @@ I9   (theorem ``gate drift``) a read the gate admits at local ``now`` happens
      before the peer's deadline on the peer's clock provided
      ``(2rho/(1-rho)) * (now - t0) <= margin``, ``t0`` the local send time of the
      kept handshake sample: the offset drifts, and the margin must absorb it.
-I11  (system ``timing``, lemma L2) in real time: a tracked, connected engine's
-     consecutive heartbeats are less than ``H' + S_D`` apart, and D's first
-     heartbeat naming the request leaves within ``max(K, H') + S_D`` of the track.
+I11  (every system) in real time: while D steps, a tracked engine's last
+     heartbeat is always less than ``H' + S_D`` old, so consecutive heartbeats
+     are less than ``H' + S_D`` apart; and (lemma L6) D's first heartbeat naming
+     the request leaves within ``max(K, H') + S_D`` of the track.
+
+Without drift (rho = 0) T1 and T2 read ``R + max(K, H) + S_D + dl + S_P < L`` and
+``H + S_D + dl + S_P < E``: at the defaults (L=30, E=20, H=5) the steady state
+tolerates about 15 s of step and delay in total.
 
 Not proven (and not true): anything without T1/T2 or beyond the bounds; see
 :mod:`proofs.counterexamples` for the schedules that break each one. With a cap,
 a lease D still tracks is expired at the cap by design (I7), so I8 is proven
-without one.
+without one. Lost heartbeats are not modelled (a loss is a delay beyond dl); the
+margin E leaves over H' + S_D + dl + S_P is what absorbs them in practice.
+A renewal that assigns ``now + E`` instead of taking the max breaks I8 only
+with a heartbeat from outside D's schedule (a stray, as in the counterexample);
+whether it holds without strays is not proven here (the max is what the
+strengthening L7 relies on).
 """
 
 from __future__ import annotations
@@ -193,6 +203,11 @@ def _i6_silent(s: Any, p: Any) -> Any:
     return z3.Implies(z3.And(s.silent, s.st == GRANTED), s.tau < bound)
 
 
+def _i11(s: Any, p: Any) -> Any:
+    return z3.Implies(z3.And(s.tracked, s.hasD, z3.Not(s.silent)),
+                      s.tau < s.tsD + hq(p) + p.SD)
+
+
 def _i8(s: Any, p: Any) -> Any:
     return z3.Implies(z3.Not(s.silent), s.st != EXPIRED)
 
@@ -213,6 +228,8 @@ def invariants_for(name: str, cap: bool = False, bounded: bool = False,
              _in_flight),
         _inv("L4", name, "P's deadline on its clock: max(cg + L, ch + E)", _p_clock_bound),
         _inv("L5", name, "P's last step came before the lease was due", _reaped),
+        _inv("I11", name, "while D steps, a tracked engine's last heartbeat is always less "
+             "than H/(1-rho) + S_D old (real time)", _i11),
         _inv("I5", name, "without renewals the lease is freed by tg + L/(1-rho) + S_P",
              _i5),
         _inv("I6", name, "the lease is freed by max(tg + L/(1-rho), th + E/(1-rho)) + S_P",
