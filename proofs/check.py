@@ -30,9 +30,9 @@ from . import bmc, model, timing
 from . import counterexamples as cx
 from . import invariants as inv_mod
 from .kit import System, fmt, model_value
+from .options import TIMEOUT_MS, add_arguments
 
 SEED = 0
-TIMEOUT_MS = 20_000
 
 
 @dataclass
@@ -244,16 +244,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     return run(only=args.only, timeout_ms=args.timeout_ms,
                counterexamples=args.counterexamples, system=args.system)
-
-
-def add_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--only", metavar="ID", default=None,
-                    help="only the obligations of one invariant id (e.g. I3)")
-    ap.add_argument("--system", metavar="NAME", default=None,
-                    help="only one system's obligations (lease, lease-cap, engine, gate, "
-                         "timing, timing-cap, timing-bounded)")
-    ap.add_argument("--counterexamples", action="store_true",
-                    help="also search and print the schedules showing each timing "
-                         "assumption is necessary and each naive variant is broken")
-    ap.add_argument("--timeout-ms", type=int, default=TIMEOUT_MS,
-                    help=f"z3 timeout per obligation (default {TIMEOUT_MS})")

@@ -27,13 +27,12 @@ Int = z3.IntSort()
 Bool = z3.BoolSort()
 
 
-class Vars:
-    """A namespace of z3 constants: ``v.deadline`` is the constant for field
-    ``deadline``. ``tag`` keeps the pre-state, post-state and steps apart."""
+class Values:
+    """Values by field name with attribute access (``v.deadline``): what a
+    transition's guard and update see, concrete or symbolic."""
 
-    def __init__(self, sorts: Mapping[str, Any], tag: str) -> None:
-        self._sorts = dict(sorts)
-        self._v = {name: z3.Const(f"{name}{tag}", sort) for name, sort in sorts.items()}
+    def __init__(self, values: Mapping[str, Any]) -> None:
+        self.__dict__["_v"] = dict(values)
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -51,21 +50,12 @@ class Vars:
         return self._v.items()
 
 
-class Values:
-    """Concrete or symbolic values by field name, with attribute access
-    (what a transition's guard and update see)."""
+class Vars(Values):
+    """A namespace of fresh z3 constants, one per field; ``tag`` keeps the
+    pre-state, post-state and steps apart."""
 
-    def __init__(self, values: Mapping[str, Any]) -> None:
-        self.__dict__["_v"] = dict(values)
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self.__dict__["_v"][name]
-        except KeyError:
-            raise AttributeError(name) from None
-
-    def __getitem__(self, name: str) -> Any:
-        return self._v[name]
+    def __init__(self, sorts: Mapping[str, Any], tag: str) -> None:
+        super().__init__({name: z3.Const(f"{name}{tag}", sort) for name, sort in sorts.items()})
 
 
 Guard = Callable[[Any, Any, Any], Any]

@@ -9,6 +9,8 @@ from typing import Any
 
 __all__ = ["register"]
 
+_INSTALL = "install the test extra: pip install 'leaseproto[test]'"
+
 
 def register(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
@@ -18,18 +20,12 @@ def register(sub: Any) -> None:
                     "transition preserve each invariant (I1...), no transition is vacuous, "
                     "and the timing theorems hold. Prints one line per obligation (ok or "
                     "FAIL with a counterexample); exit status 1 on any failure, 'unknown' "
-                    "included. Needs z3-solver (pip install 'leaseproto[test]').",
+                    "included. Needs z3-solver (" + _INSTALL + ").",
     )
-    p.add_argument("--only", metavar="ID", default=None,
-                   help="only the obligations of one invariant id (e.g. I3)")
-    p.add_argument("--system", metavar="NAME", default=None,
-                   help="only one system's obligations (lease, lease-cap, engine, gate, "
-                        "timing, timing-cap, timing-bounded)")
-    p.add_argument("--counterexamples", action="store_true",
-                   help="also print the schedules showing each timing assumption is needed "
-                        "and each naive variant is broken")
-    p.add_argument("--timeout-ms", type=int, default=20_000, metavar="MS",
-                   help="z3 timeout per obligation (default 20000)")
+    try:  # the options live with the proofs; importing them does not import z3
+        importlib.import_module("proofs.options").add_arguments(p)
+    except ImportError:  # pragma: no cover - a distribution without proofs/
+        p.add_argument("rest", nargs="*", help=argparse.SUPPRESS)
     p.set_defaults(func=run)
 
 
@@ -37,8 +33,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         check = importlib.import_module("proofs.check")
     except ImportError as exc:  # z3 missing, or proofs/ not installed
-        print(f"leaseproto prove: cannot load the proofs ({exc}); install the test extra: "
-              "pip install 'leaseproto[test]'", file=sys.stderr)
+        print(f"leaseproto prove: cannot load the proofs ({exc}); {_INSTALL}", file=sys.stderr)
         return 2
     status: int = check.run(only=args.only, timeout_ms=args.timeout_ms,
                             counterexamples=args.counterexamples, system=args.system)
