@@ -48,7 +48,8 @@ def vmin(a: T, b: T) -> T:
 
 
 def _concrete(conds: tuple[bool, ...]) -> bool:
-    for c in conds:
+    # an explicit loop: all() over a generator costs more on the runtime's hot path
+    for c in conds:  # noqa: SIM110
         if c is not True and c is not False:
             return False
     return True
