@@ -23,6 +23,12 @@ arrives. This module only decides *when* things happen:
 Event-driven: a P step where no notification arrives and no deadline falls
 due changes nothing in the table, so only steps where something happens are
 simulated.
+
+Simplifications, each the same for every policy: P's KV pool is unbounded
+(held blocks are reported, not enforced); a request whose lease expired while
+D still needed it is counted, and D still reads it (a naive D; ours would be
+NACKed and prefill again, which the figures count instead of simulating);
+the router spreads requests round robin over the D engines it believes alive.
 """
 
 from __future__ import annotations
