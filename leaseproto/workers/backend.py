@@ -1,0 +1,208 @@
+"""One rank's machinery: its NIXL endpoint, its paged KV pool and the model.
+
+The workers talk to NIXL, the pool and the model only through
+:class:`KVBackend`, so their loops read as protocol steps. A rank of a
+``tp``-rank engine holds the heads ``[rank * H / tp, (rank + 1) * H / tp)``;
+decode rank 0 keeps a pool with every head (it runs the model) and reads only
+its own share from P, the rest arriving from the other decode ranks
+(:meth:`KVBackend.import_shard`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import cache
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..adapters.kv_pool import LayoutError, PoolExhausted, PoolLayout
+from ..adapters.nixl import NixlEndpoint, free_port
+from ..adapters.xfer import Transfer, XferDescs, XferState
+from .model import TinyDecoder
+
+if TYPE_CHECKING:
+    from .decode_state import DecodeOptions, RankParams
+
+__all__ = ["KVBackend", "head_range", "reference_tokens", "vocab_size"]
+
+
+def head_range(rank: int, tp: int, num_heads: int) -> tuple[int, int]:
+    """The global heads rank ``rank`` of ``tp`` holds."""
+    if tp < 1 or num_heads % tp:
+        raise ValueError(f"{num_heads} heads cannot be split over {tp} ranks")
+    per = num_heads // tp
+    return rank * per, (rank + 1) * per
+
+
+@cache
+def _model(seed: int, device: str) -> TinyDecoder:
+    return TinyDecoder(seed=seed, device=device)
+
+
+def vocab_size(seed: int = 0) -> int:
+    return TinyDecoder(seed=seed).config.vocab
+
+
+def reference_tokens(prompt: Sequence[int], max_tokens: int, *, seed: int = 0,
+                     device: str = "cpu") -> list[int]:
+    """What one process produces for ``prompt`` without paging or transfers."""
+    return _model(seed, device).reference(list(prompt), max_tokens)
+
+
+class KVBackend:
+    """Endpoint + pool + model of one rank."""
+
+    def __init__(self, *, agent_name: str, host: str, nixl_port: int, rank: int, tp: int,
+                 device: str, num_blocks: int, block_size: int, seed: int,
+                 full_heads: bool = False) -> None:
+        self.model = TinyDecoder(seed=seed, device=device)
+        cfg = self.model.config
+        self.rank_heads = head_range(rank, tp, cfg.num_heads)
+        h0, h1 = (0, cfg.num_heads) if full_heads else self.rank_heads
+        self.pool = self.model.make_pool(num_blocks, block_size, head_start=h0,
+                                         num_heads=h1 - h0, device=device)
+        self.agent_name = agent_name
+        self.nixl_port = nixl_port or free_port(host)
+        self.endpoint = NixlEndpoint(agent_name, host=host, port=self.nixl_port)
+        self.pool.register_with(self.endpoint)  # before anyone connects
+
+    @classmethod
+    def for_decode(cls, opts: DecodeOptions, *, full_heads: bool) -> KVBackend:
+        import secrets  # noqa: PLC0415 - only decode ranks name themselves here
+
+        return cls(agent_name=f"decode-r{opts.rank}-{secrets.token_hex(3)}", host=opts.host,
+                   nixl_port=opts.nixl_port, rank=opts.rank, tp=opts.tp, device=opts.device,
+                   num_blocks=opts.num_blocks, block_size=opts.block_size,
+                   seed=opts.model_seed, full_heads=full_heads)
+
+    # -- transport (the endpoint never raises transport errors) ----------------------------
+    def connect(self, agent: str, host: str, port: int) -> None:
+        self.endpoint.connect(agent, host, port)
+
+    def is_connected(self, agent: str) -> bool:
+        return self.endpoint.is_connected(agent)
+
+    def send(self, agent: str, payload: bytes) -> bool:
+        return self.endpoint.send(agent, payload)
+
+    def poll(self) -> list[tuple[str, bytes]]:
+        return self.endpoint.poll()
+
+    def take_lost_peers(self) -> list[tuple[str, str]]:
+        return self.endpoint.take_lost_peers()
+
+    def read(self, agent: str, local: XferDescs, remote: XferDescs, *,
+             notif_msg: bytes) -> Transfer:
+        return self.endpoint.read(agent, local, remote, notif_msg=notif_msg)
+
+    def transfer_state(self, xfer: Transfer) -> XferState:
+        return self.endpoint.transfer_state(xfer)
+
+    def release(self, xfer: Transfer) -> None:
+        self.endpoint.release(xfer)
+
+    def close(self) -> None:
+        self.endpoint.close()
+
+    # -- blocks ---------------------------------------------------------------------------
+    @property
+    def num_free(self) -> int:
+        return self.pool.num_free
+
+    def alloc_for(self, num_tokens: int) -> list[int] | None:
+        """Blocks for ``num_tokens`` tokens, or ``None`` when the pool is short."""
+        try:
+            return self.pool.allocate(self.pool.blocks_needed(num_tokens))
+        except PoolExhausted:
+            return None
+
+    def free(self, blocks: Sequence[int]) -> None:
+        if blocks:
+            self.pool.free(blocks)
+
+    def layout(self) -> dict[str, Any]:
+        return self.pool.layout()
+
+    # -- the model ------------------------------------------------------------------------
+    def check_prompt(self, prompt: Sequence[int], max_tokens: int = 1) -> str | None:
+        cfg = self.model.config
+        bad = [t for t in prompt if not 0 <= t < cfg.vocab]
+        if bad:
+            return f"token {bad[0]} is not in 0..{cfg.vocab - 1}"
+        if len(prompt) + max_tokens > cfg.max_positions:
+            return f"{len(prompt)} + {max_tokens} tokens exceed {cfg.max_positions} positions"
+        return None
+
+    def prefill(self, prompt: Sequence[int], blocks: Sequence[int]) -> int:
+        """Write this pool's heads of the prompt's K/V; the first generated token."""
+        return self.model.prefill(list(prompt), self.pool, blocks)
+
+    def decode(self, blocks: Sequence[int], num_tokens: int, first_token: int,
+               max_tokens: int) -> list[int]:
+        return self.model.decode(self.pool, blocks, num_tokens, first_token, max_tokens)
+
+    # -- transfers ------------------------------------------------------------------------
+    def read_plan(self, ranks: Sequence[RankParams], blocks: Sequence[int], num_tokens: int
+                  ) -> list[tuple[RankParams, XferDescs, XferDescs]]:
+        """For each P rank holding some of *this rank's* heads: the local and
+        remote descriptors of those heads of the prompt's blocks.
+
+        Raises:
+            LayoutError: a P rank's layout is malformed or does not fit ours.
+        """
+        local = self.pool.pool_layout
+        need = self.pool.blocks_needed(num_tokens)
+        mine = self.rank_heads
+        out = []
+        for rank in ranks:
+            remote = PoolLayout.from_dict(rank.layout)
+            local.compatible(remote)
+            if len(rank.block_ids) < need:
+                raise LayoutError(f"P rank {rank.rank} holds {len(rank.block_ids)} blocks, "
+                                  f"{need} needed")
+            h0 = max(mine[0], remote.heads[0])
+            h1 = min(mine[1], remote.heads[1])
+            if h0 >= h1:
+                continue
+            out.append((rank, self.pool.descs(list(blocks[:need]), (h0, h1)),
+                        remote.descs(list(rank.block_ids[:need]), (h0, h1))))
+        if not out:
+            raise LayoutError(f"no P rank holds heads {mine}")
+        return out
+
+    def export_shard(self, blocks: Sequence[int], num_tokens: int) -> bytes:
+        """This pool's K/V of the prompt's blocks, as bytes for rank 0."""
+        index = torch.tensor(list(blocks[:self.pool.blocks_needed(num_tokens)]),
+                             dtype=torch.long, device=self.pool.device)
+        parts = [src[index] for layer in range(self.pool.num_layers)
+                 for src in (self.pool.k(layer), self.pool.v(layer))]
+        data: bytes = torch.stack(parts).contiguous().cpu().view(torch.uint8).numpy().tobytes()
+        return data
+
+    def import_shard(self, rank: int, tp: int, blocks: Sequence[int], num_tokens: int,
+                     data: bytes) -> None:
+        """Copy decode rank ``rank``'s shard (from :meth:`export_shard`) into
+        the matching heads of our blocks.
+
+        Raises:
+            ValueError: the bytes do not have the shard's size.
+        """
+        h0, h1 = head_range(rank, tp, self.model.config.num_heads)
+        lo, hi = h0 - self.pool.head_start, h1 - self.pool.head_start
+        nb = self.pool.blocks_needed(num_tokens)
+        shape = (self.pool.num_layers * 2, nb, h1 - h0, self.pool.block_size,
+                 self.pool.head_dim)
+        expected = torch.Size(shape).numel() * self.pool.pool_layout.elem_size
+        if not isinstance(data, (bytes, bytearray)) or len(data) != expected:
+            raise ValueError(f"shard of decode rank {rank} is not {expected} bytes")
+        flat = torch.frombuffer(bytearray(data), dtype=torch.uint8).view(self.pool.dtype)
+        parts = flat.view(shape).to(self.pool.device)
+        index = torch.tensor(list(blocks[:nb]), dtype=torch.long, device=self.pool.device)
+        i = 0
+        for layer in range(self.pool.num_layers):
+            for dst in (self.pool.k(layer), self.pool.v(layer)):
+                sub = dst[index]
+                sub[:, lo:hi] = parts[i]
+                dst[index] = sub
+                i += 1

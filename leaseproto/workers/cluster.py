@@ -1,0 +1,265 @@
+"""Start a router, a prefill engine and a decode engine as processes on this
+host (loopback), talk to them, kill them. Used by ``leaseproto demo`` and the
+end-to-end tests; each worker is the same ``leaseproto serve`` a deployment
+runs.
+
+Workers bind port 0 and report the ports they got in a ready file, so no two
+clusters fight over ports; only the NIXL listener needs a port chosen up
+front (:func:`leaseproto.adapters.nixl.free_port`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import zmq
+
+from .plane import Msg, call, decode, encode
+
+__all__ = ["Cluster", "ClusterSpec", "RouterClient", "Worker"]
+
+#: Seconds a worker may take to start (import torch and NIXL, register memory).
+START_TIMEOUT = 90.0
+
+
+@dataclass
+class ClusterSpec:
+    """What to start. Lease settings go to every worker."""
+
+    p_tp: int = 1
+    d_tp: int = 1
+    kv_lease_duration: float = 3.0
+    heartbeat_interval: float | None = None
+    lease_extension: float | None = None
+    policy: str = "lease"
+    device: str = "cpu"
+    p_blocks: int = 256
+    d_blocks: int = 256
+    block_size: int = 4
+    max_running: int = 2
+    #: artificial forward-pass time on D per step, seconds (models a busy GPU)
+    d_step_time: float = 0.0
+    on_kv_loss: str = "recompute"
+    extra: Mapping[str, Sequence[str]] = field(default_factory=dict)  # role -> extra args
+    log_level: str = "INFO"
+
+    def lease_args(self) -> list[str]:
+        out = ["--kv-lease-duration", str(self.kv_lease_duration), "--policy", self.policy]
+        if self.heartbeat_interval is not None:
+            out += ["--heartbeat-interval", str(self.heartbeat_interval)]
+        if self.lease_extension is not None:
+            out += ["--lease-extension", str(self.lease_extension)]
+        return out
+
+
+@dataclass
+class Worker:
+    """One running worker process."""
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    ready_path: Path
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def address(self) -> str:
+        return f"tcp://{self.info.get('host', '127.0.0.1')}:{self.info['port']}"
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log_tail(self, n: int = 40) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(lines[-n:])
+
+
+class Cluster:
+    """A router, ``p_tp`` prefill rank processes and ``d_tp`` decode rank
+    processes on 127.0.0.1. Use as a context manager: leaving it stops
+    everything (SIGTERM, then SIGKILL)."""
+
+    def __init__(self, spec: ClusterSpec, *, log_dir: str | Path | None = None) -> None:
+        self.spec = spec
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        if log_dir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="leaseproto-")
+            log_dir = self._tmp.name
+        self.log_dir = Path(log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.prefill: list[Worker] = []
+        self.decode: list[Worker] = []
+        self.router: Worker | None = None
+        self._logs: list[TextIO] = []
+
+    # -- processes ------------------------------------------------------------------------
+    def _spawn(self, name: str, args: list[str]) -> Worker:
+        log_path = self.log_dir / f"{name}.log"
+        ready = self.log_dir / f"{name}.ready.json"
+        with contextlib.suppress(FileNotFoundError):
+            ready.unlink()
+        logf = open(log_path, "w")  # noqa: SIM115 - closed in stop()
+        self._logs.append(logf)
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        cmd = [sys.executable, "-m", "leaseproto", "serve", *args,
+               "--ready-file", str(ready), "--log-level", self.spec.log_level]
+        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env,
+                                stdin=subprocess.DEVNULL)
+        return Worker(name, proc, log_path, ready)
+
+    def _await(self, workers: Sequence[Worker], deadline: float) -> None:
+        for w in workers:
+            while not w.ready_path.exists():
+                if not w.alive():
+                    raise RuntimeError(f"{w.name} exited during start-up "
+                                       f"(status {w.proc.returncode}):\n{w.log_tail()}")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{w.name} not ready after {START_TIMEOUT:g} s:\n"
+                                       f"{w.log_tail()}")
+                time.sleep(0.05)
+            w.info = json.loads(w.ready_path.read_text())
+
+    def start(self) -> Cluster:
+        s = self.spec
+        deadline = time.monotonic() + START_TIMEOUT
+        common = [*s.lease_args(), "--device", s.device, "--block-size", str(s.block_size)]
+        followers = [
+            self._spawn(f"decode-{r}", ["decode", "--rank", str(r), "--tp", str(s.d_tp),
+                                        "--num-blocks", str(s.d_blocks), *common,
+                                        *s.extra.get("decode", ())])
+            for r in range(1, s.d_tp)]
+        self.prefill = [
+            self._spawn(f"prefill-{r}", ["prefill", "--rank", str(r), "--tp", str(s.p_tp),
+                                         "--engine-id", "prefill-engine",
+                                         "--num-blocks", str(s.p_blocks), *common,
+                                         *s.extra.get("prefill", ())])
+            for r in range(s.p_tp)]
+        self._await(followers, deadline)
+        leader = self._spawn("decode-0", [
+            "decode", "--rank", "0", "--tp", str(s.d_tp), "--num-blocks", str(s.d_blocks),
+            "--max-running", str(s.max_running), "--step-time", str(s.d_step_time),
+            "--on-kv-loss", s.on_kv_loss, *common,
+            *[a for f in followers for a in ("--follower", f.address)],
+            *s.extra.get("decode", ())])
+        self.decode = [leader, *followers]
+        self._await([*self.prefill, leader], deadline)
+        self.router = self._spawn("router", [
+            "router", *[a for p in self.prefill for a in ("--prefill", p.address)],
+            "--decode", leader.address, *s.extra.get("router", ())])
+        self._await([self.router], deadline)
+        while True:  # the router answers once it has heard from every worker
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("router never saw every worker:\n" + self.router.log_tail())
+            with contextlib.suppress(TimeoutError):
+                if call(self.router.address, {"op": "ping"}, timeout=min(1.0, left)).get(
+                        "ready"):
+                    return self
+            time.sleep(0.05)
+
+    def workers(self) -> list[Worker]:
+        return [*self.decode, *self.prefill, *([self.router] if self.router else [])]
+
+    def kill(self, worker: Worker) -> float:
+        """SIGKILL ``worker``; returns ``time.monotonic()`` just before the signal."""
+        t = time.monotonic()
+        with contextlib.suppress(ProcessLookupError):
+            worker.proc.send_signal(signal.SIGKILL)
+        worker.proc.wait(timeout=10)
+        return t
+
+    def stop(self) -> None:
+        for w in self.workers():
+            if w.alive():
+                with contextlib.suppress(ProcessLookupError):
+                    w.proc.terminate()
+        for w in self.workers():
+            try:
+                w.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                w.proc.kill()
+                w.proc.wait(timeout=5)
+        for f in self._logs:
+            f.close()
+        self._logs.clear()
+
+    def __enter__(self) -> Cluster:
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+    # -- requests -------------------------------------------------------------------------
+    def stats(self, worker: Worker, timeout: float = 5.0) -> Msg:
+        return call(worker.address, {"op": "stats"}, timeout=timeout)
+
+    def client(self) -> RouterClient:
+        assert self.router is not None, "cluster not started"
+        return RouterClient(self.router.address)
+
+
+class RouterClient:
+    """Submit many requests to the router without blocking; collect answers."""
+
+    def __init__(self, address: str) -> None:
+        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        self.sock: zmq.Socket[bytes] = self.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(address)
+        self.results: dict[Any, Msg] = {}
+        self.sent: dict[Any, float] = {}
+
+    def submit(self, req_id: str, prompt: Sequence[int], max_tokens: int) -> None:
+        self.sent[req_id] = time.monotonic()
+        self.sock.send(encode({"op": "generate", "id": req_id, "prompt": list(prompt),
+                               "max_tokens": max_tokens}))
+
+    def poll(self, timeout: float = 0.0) -> list[Msg]:
+        """Answers that arrived within ``timeout`` seconds (at least one wait)."""
+        out: list[Msg] = []
+        if self.sock.poll(int(timeout * 1000), zmq.POLLIN):
+            while True:
+                try:
+                    msg = decode(self.sock.recv(zmq.NOBLOCK))
+                except zmq.Again:
+                    break
+                if msg.get("op") == "result":
+                    sent = self.sent.get(msg.get("id"))
+                    msg["_latency"] = None if sent is None else time.monotonic() - sent
+                    self.results[msg.get("id")] = msg
+                    out.append(msg)
+        return out
+
+    def wait_all(self, *, deadline: float) -> dict[Any, Msg]:
+        """Wait until every submitted request has an answer or ``deadline``
+        (``time.monotonic``) passes; returns the answers so far."""
+        while len(self.results) < len(self.sent):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self.poll(min(left, 0.2))
+        return self.results
+
+    def close(self) -> None:
+        self.sock.close(0)
+        self.ctx.term()

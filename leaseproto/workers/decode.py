@@ -1,0 +1,421 @@
+"""A decode engine: rank 0 runs the scheduler and the model; ranks 1.. read
+their share of the heads and hand it to rank 0 (:mod:`.decode_follower`).
+
+Rank 0's single-threaded loop (:meth:`DecodeWorker.step`):
+
+1. **intake**: a ``decode`` request enters the waiting queue and, at that
+   moment, ``HeartbeatTracker.track`` (spec: heartbeats start when a request
+   enters the queue, not when it is scheduled). The first request naming a P
+   engine starts the proactive handshake with every rank of it (in the
+   background: :meth:`NixlEndpoint.connect` never blocks);
+2. **lease step**: ``due(now=..., pending=<engines whose handshake is not
+   done>)``, each due engine's ids through ``wire.encode_heartbeat`` and to
+   **every** P rank of that engine. A send that fails, or a peer NIXL reports
+   lost, drops the engine (``drop_engine``) and fails its requests over;
+   NACKs are handled here;
+3. **schedule**: move waiting requests into the bounded running set as local
+   blocks allow and start their READs (transfer-done attached);
+4. **compute**: one decode step for every running request whose KV is in.
+
+Fail-over (P gone, READ failed, NACK): what was read is discarded and the
+request is recomputed locally (``on_kv_loss="recompute"``: the model is the
+same, so the tokens are the same) or answered with a clear error
+(``"error"``). Never an uncaught exception, never a hang.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import deque
+from typing import Any
+
+import zmq
+
+from .. import wire
+from .._tracker import HeartbeatTracker
+from ..adapters.kv_pool import LayoutError
+from .backend import KVBackend
+from .decode_state import DecodeOptions, Engine, Req
+from .metrics import DecodeMetrics, stats_dict
+from .plane import Msg, Peer, Server
+
+__all__ = ["DecodeOptions", "DecodeWorker"]
+
+log = logging.getLogger("leaseproto.decode")
+
+_IDLE_WAIT_S = 0.005
+
+
+class DecodeWorker:
+    """A decode rank: rank 0 schedules and decodes; other ranks follow."""
+
+    def __init__(self, opts: DecodeOptions) -> None:
+        opts.validate()
+        self.opts = opts
+        self.config = opts.config
+        self.tracker = HeartbeatTracker(opts.config)
+        self.backend = KVBackend.for_decode(opts, full_heads=True)
+        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        self.server = Server(self.ctx, opts.host, opts.port)
+        self.followers = [Peer(self.ctx, a) for a in opts.followers]
+        self.metrics = DecodeMetrics()
+        if opts.metrics_port is not None:
+            self.metrics.serve(opts.host, opts.metrics_port)
+        self.waiting: deque[Req] = deque()
+        self.running: dict[str, Req] = {}
+        self.by_remote: dict[str, Req] = {}  # P's id -> request (for NACKs)
+        self.engines: dict[str, Engine] = {}
+        self.counts = {"completed": 0, "recomputed": 0, "failed": 0, "nacks": 0,
+                       "nack_after_answer": 0, "malformed": 0, "heartbeats_sent": 0,
+                       "engines_dropped": 0}
+        self._stop = False
+        self._now = -math.inf
+
+    def ready_info(self) -> dict[str, Any]:
+        return {"role": "decode", "host": self.opts.host, "port": self.server.port,
+                "metrics_port": self.metrics.port, "nixl_port": self.backend.nixl_port,
+                "agent": self.backend.agent_name, "rank": 0, "tp": self.opts.tp}
+
+    def _clock(self) -> float:
+        self._now = max(self._now, time.monotonic())
+        return self._now
+
+    # -- intake ---------------------------------------------------------------------------
+    def _request(self, envelope: list[bytes], msg: Msg) -> None:
+        op = msg["op"]
+        if op == "decode":
+            self._intake(envelope, msg)
+        elif op == "ping":
+            self.server.reply(envelope, {"op": "pong", "role": "decode", "tp": self.opts.tp,
+                                         "agent": self.backend.agent_name})
+        elif op == "stats":
+            self.server.reply(envelope, self.stats())
+        elif op == "stop":
+            self.server.reply(envelope, {"op": "stopping"})
+            self._stop = True
+        else:
+            self._malformed(f"unknown op {op!r}")
+            self.server.reply(envelope, {"op": "error", "error": f"unknown op {op!r}"})
+
+    def _malformed(self, why: str) -> None:
+        self.counts["malformed"] += 1
+        self.metrics.malformed.inc()
+        log.warning("dropped a malformed message: %s", why)
+
+    def _intake(self, envelope: list[bytes], msg: Msg) -> None:
+        try:
+            req = Req.from_msg(envelope, msg, now=self._clock(), block_size=self.opts.block_size)
+            problem = self.backend.check_prompt(req.prompt)
+            if problem is not None:
+                raise ValueError(problem)
+        except ValueError as exc:
+            self._malformed(str(exc))
+            self.server.reply(envelope, {"op": "decoded", "req_id": msg.get("req_id"),
+                                         "ok": False, "tokens": [], "error": str(exc)})
+            return
+        if req.req_id in self.running or any(r.req_id == req.req_id for r in self.waiting):
+            self.server.reply(envelope, {"op": "decoded", "req_id": req.req_id, "ok": False,
+                                         "tokens": [], "error": "duplicate request id"})
+            return
+        engine = self._engine(req)
+        self.waiting.append(req)
+        self.by_remote[req.remote_req_id] = req
+        if engine.lost:
+            self._kv_lost(req, f"P engine {engine.engine_id} is gone ({engine.lost})")
+        elif self.opts.policy == "lease":
+            self.tracker.track(req.req_id, engine_id=req.engine_id,
+                               remote_req_id=req.remote_req_id, now=self._clock())
+
+    def _engine(self, req: Req) -> Engine:
+        """The P engine of ``req``; the first sight of an engine (or of new
+        agents for it, a restarted P) starts the handshake in the background."""
+        agents = tuple(r.agent for r in req.ranks)
+        engine = self.engines.get(req.engine_id)
+        if engine is None or engine.agents != agents:
+            engine = Engine(req.engine_id, agents, list(req.ranks))
+            self.engines[req.engine_id] = engine
+            for rank in req.ranks:
+                self.backend.connect(rank.agent, rank.host, rank.nixl_port)
+            for f in self.followers:
+                f.send({"op": "connect", "ranks": [r.as_msg() for r in req.ranks]})
+            log.info("handshake started with P engine %s (%d ranks)", req.engine_id,
+                     len(req.ranks))
+        return engine
+
+    # -- lease step -----------------------------------------------------------------------
+    def _pending(self) -> set[str]:
+        return {e for e in self.tracker.engines()
+                if e in self.engines and not self.engines[e].lost
+                and not all(self.backend.is_connected(a) for a in self.engines[e].agents)}
+
+    def lease_step(self) -> None:
+        now = self._clock()
+        for agent, reason in self.backend.take_lost_peers():
+            self._peer_lost(agent, reason)
+        if self.opts.policy == "lease":
+            due = self.tracker.due(now=now, pending=self._pending())
+            for engine_id, ids in due.items():
+                self._heartbeat(engine_id, ids)
+        for sender, payload in self.backend.poll():
+            self._notification(sender, payload)
+        self.metrics.sync(self.tracker.stats)
+
+    def _heartbeat(self, engine_id: str, ids: list[str]) -> None:
+        engine = self.engines.get(engine_id)
+        if engine is None or engine.lost:
+            return
+        payloads = wire.encode_heartbeat(ids, max_bytes=self.config.max_notification_bytes)
+        for agent in engine.agents:  # every P rank holds a shard under its own lease
+            for payload in payloads:
+                if not self.backend.send(agent, payload):
+                    self.metrics.send_failures.inc()
+                    self._engine_lost(engine, f"heartbeat to {agent} could not be sent")
+                    return
+                self.counts["heartbeats_sent"] += 1
+                self.metrics.heartbeats.inc()
+        self.metrics.heartbeat_ids.inc(len(ids))
+
+    def _peer_lost(self, agent: str, reason: str) -> None:
+        for engine in self.engines.values():
+            if agent in engine.agents and not engine.lost:
+                self._engine_lost(engine, f"P rank {agent}: {reason}")
+
+    def _engine_lost(self, engine: Engine, reason: str) -> None:
+        engine.lost = reason
+        self.counts["engines_dropped"] += 1
+        self.metrics.engines_dropped.inc()
+        dropped = set(self.tracker.drop_engine(engine.engine_id))
+        log.warning("P engine %s lost (%s): failing over %d requests", engine.engine_id,
+                    reason, len(dropped))
+        for req in [*self.waiting, *self.running.values()]:
+            if req.engine_id == engine.engine_id and req.needs_remote_kv and not req.kv_in:
+                self._kv_lost(req, f"P engine {engine.engine_id} lost: {reason}")
+
+    def _notification(self, sender: str, payload: bytes) -> None:
+        try:
+            msg = wire.decode(payload)
+        except wire.MalformedMessage as exc:
+            self._malformed(f"notification from {sender}: {exc}")
+            return
+        if isinstance(msg, wire.Nack):
+            self._nack(msg.req_id, msg.reason, sender)
+        else:
+            self._malformed(f"unexpected {type(msg).__name__} from {sender}")
+
+    def _nack(self, remote_req_id: str, reason: str, sender: str) -> None:
+        self.counts["nacks"] += 1
+        self.metrics.nacks.inc()
+        req = self.by_remote.get(remote_req_id)
+        if req is None or req.done:
+            self.counts["nack_after_answer"] += 1
+            log.error("NACK (%s) from %s for req %s after its answer was sent: that answer "
+                      "may be wrong", reason, sender, remote_req_id)
+            return
+        log.warning("NACK from %s: the lease of req %s had %s before the read; discarding "
+                    "what was read", sender, remote_req_id, reason)
+        self._kv_lost(req, f"NACK: lease {reason} before the read")
+
+    # -- fail-over ------------------------------------------------------------------------
+    def _kv_lost(self, req: Req, reason: str) -> None:
+        """P's KV for ``req`` is unusable: recompute locally or fail."""
+        if req.done or not req.needs_remote_kv:
+            return  # already failed over (several P ranks may report the same loss)
+        self.tracker.untrack(req.req_id)
+        for xfer in req.transfers:
+            self.backend.release(xfer)
+        req.transfers.clear()
+        req.followers_pending.clear()
+        if self.opts.on_kv_loss == "error":
+            self.metrics.failovers.labels(action="error").inc()
+            self._finish(req, ok=False, error=f"KV of req {req.req_id} lost: {reason}")
+            return
+        self.metrics.failovers.labels(action="recompute").inc()
+        req.recompute = True
+        req.needs_remote_kv = False
+        log.info("req %s will be recomputed locally: %s", req.req_id, reason)
+        if req.req_id in self.running and req.blocks:
+            self._recompute(req)
+
+    def _recompute(self, req: Req) -> None:
+        req.start_token = self.backend.prefill(req.prompt, req.blocks)
+        req.tokens.clear()
+        req.state = "decoding"
+        self.counts["recomputed"] += 1
+
+    # -- schedule and compute -------------------------------------------------------------
+    def schedule(self) -> None:
+        for req in list(self.waiting):
+            if len(self.running) >= self.opts.max_running:
+                return
+            if req.needs_remote_kv and not self._ready_to_read(req):
+                continue  # its handshake is still running; let others go first
+            blocks = self.backend.alloc_for(req.num_tokens)
+            if blocks is None:
+                return
+            self.waiting.remove(req)
+            self.running[req.req_id] = req
+            req.blocks = blocks
+            if req.recompute or not req.needs_remote_kv:
+                self._recompute(req)
+            else:
+                self._start_reads(req)
+
+    def _ready_to_read(self, req: Req) -> bool:
+        engine = self.engines.get(req.engine_id)
+        return engine is not None and all(self.backend.is_connected(a) for a in engine.agents)
+
+    def _start_reads(self, req: Req) -> None:
+        req.state = "reading"
+        notif = wire.encode_transfer_done(req.remote_req_id)
+        try:
+            plan = self.backend.read_plan(req.ranks, req.blocks, req.num_tokens)
+        except (LayoutError, ValueError) as exc:
+            self._malformed(f"transfer parameters of req {req.req_id}: {exc}")
+            self._kv_lost(req, f"unusable transfer parameters: {exc}")
+            return
+        for rank, local, remote in plan:
+            req.transfers.append(self.backend.read(rank.agent, local, remote, notif_msg=notif))
+        for i, f in enumerate(self.followers, start=1):
+            req.followers_pending.add(i)
+            f.send({"op": "read", "req_id": req.req_id, "remote_req_id": req.remote_req_id,
+                    "num_tokens": req.num_tokens, "ranks": [r.as_msg() for r in req.ranks]})
+
+    def _reads_progress(self) -> None:
+        for req in list(self.running.values()):
+            if req.state != "reading":
+                continue
+            states = [self.backend.transfer_state(x) for x in req.transfers]
+            failed = [x for x in req.transfers if x.state == "ERR"]
+            if failed:
+                self.metrics.transfers.labels(outcome="failed").inc()
+                self._kv_lost(req, f"READ from {failed[0].peer} failed: {failed[0].error}")
+                continue
+            if all(s == "DONE" for s in states) and not req.followers_pending:
+                for x in req.transfers:
+                    self.backend.release(x)
+                req.transfers.clear()
+                self.tracker.untrack(req.req_id)  # transfer done: stop heartbeating
+                self.metrics.transfers.labels(outcome="done").inc()
+                req.start_token = req.first_token
+                req.kv_in = True
+                req.state = "decoding"
+
+    def _from_follower(self, rank: int, msg: Msg) -> None:
+        op = msg.get("op")
+        req = self.running.get(str(msg.get("req_id")))
+        if op == "read_done" and req is not None and rank in req.followers_pending:
+            try:
+                kv = msg.get("kv")
+                if not isinstance(kv, bytes):
+                    raise ValueError("no KV bytes in the answer")
+                self.backend.import_shard(rank, self.opts.tp, req.blocks, req.num_tokens, kv)
+            except ValueError as exc:
+                self._kv_lost(req, f"decode rank {rank} sent a bad shard: {exc}")
+                return
+            req.followers_pending.discard(rank)
+        elif op == "read_failed" and req is not None and rank in req.followers_pending:
+            self.metrics.transfers.labels(outcome="failed").inc()
+            self._kv_lost(req, f"decode rank {rank}: {msg.get('error')}")
+        elif op == "nack":
+            self._nack(str(msg.get("remote_req_id")), str(msg.get("reason")), f"rank {rank}")
+        elif op == "peer_lost":
+            self._peer_lost(str(msg.get("agent")), str(msg.get("reason")))
+
+    def _follower_lost(self, rank: int) -> None:
+        log.error("decode rank %d disconnected: requests reading through it fail over", rank)
+        for req in list(self.running.values()):
+            if rank in req.followers_pending:
+                self._kv_lost(req, f"decode rank {rank} disconnected")
+
+    def compute(self) -> None:
+        """One decode step of the running set. The model produces a request's
+        tokens in one call when its KV is in; the request then holds its slot
+        for one step per further token (``step_time`` each, the modelled
+        forward pass), as a batch member would."""
+        stepped = False
+        for req in list(self.running.values()):
+            if req.state != "decoding":
+                continue
+            if not req.tokens:
+                req.tokens = self.backend.decode(req.blocks, req.num_tokens, req.start_token,
+                                                 req.max_tokens)
+                req.steps_left = req.max_tokens - 1
+            if req.steps_left > 0:
+                req.steps_left -= 1
+                stepped = True
+            if req.steps_left <= 0:
+                self._finish(req, ok=True)
+        if stepped and self.opts.step_time > 0:
+            time.sleep(self.opts.step_time)  # the modelled forward pass
+
+    def _finish(self, req: Req, *, ok: bool, error: str | None = None) -> None:
+        self.tracker.untrack(req.req_id)
+        if req.req_id in self.running:
+            del self.running[req.req_id]
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        self.backend.free(req.blocks)
+        req.blocks = []
+        req.done = True
+        if ok:
+            self.counts["completed"] += 1
+            self.metrics.completed.inc()
+        else:
+            self.counts["failed"] += 1
+        self.server.reply(req.envelope, {"op": "decoded", "req_id": req.req_id, "ok": ok,
+                                         "tokens": req.tokens if ok else [], "error": error,
+                                         "recomputed": req.recompute})
+
+    def stats(self) -> Msg:
+        return {"op": "stats", "role": "decode", "waiting": len(self.waiting),
+                "running": len(self.running), "tracked": len(self.tracker),
+                "blocks_free": self.backend.num_free, **self.counts,
+                "tracker": stats_dict(self.tracker.stats)}
+
+    # -- loop -----------------------------------------------------------------------------
+    def step(self, wait_s: float = _IDLE_WAIT_S) -> None:
+        busy = any(r.state == "decoding" for r in self.running.values())
+        if wait_s > 0 and not busy:
+            self.server.sock.poll(int(wait_s * 1000), zmq.POLLIN)
+        while (got := self.server.recv()) is not None:
+            self._request(*got)
+        if self.server.bad:
+            self._malformed(f"{self.server.bad} unparsable request-plane messages")
+            self.server.bad = 0
+        for i, f in enumerate(self.followers, start=1):
+            while (msg := f.recv()) is not None:
+                self._from_follower(i, msg)
+            if f.disconnected():
+                self._follower_lost(i)
+        self.lease_step()
+        self._reads_progress()
+        self.schedule()
+        self.compute()
+        self.metrics.waiting.set(len(self.waiting))
+        self.metrics.running.set(len(self.running))
+        # forget P ids of answered requests once nothing can NACK them usefully
+        if len(self.by_remote) > 4 * (len(self.waiting) + len(self.running)) + 1024:
+            self.by_remote = {k: r for k, r in self.by_remote.items() if not r.done}
+
+    def run(self) -> None:
+        log.info("decode rank 0/%d serving on %s:%d (NIXL %d, agent %s, policy %s, "
+                 "max running %d)", self.opts.tp, self.opts.host, self.server.port,
+                 self.backend.nixl_port, self.backend.agent_name, self.opts.policy,
+                 self.opts.max_running)
+        try:
+            while not self._stop:
+                self.step()
+        finally:
+            self.close()
+
+    def stop(self) -> None:
+        self._stop = True
+
+    def close(self) -> None:
+        for f in self.followers:
+            f.close()
+        self.server.close()
+        self.backend.close()
+        self.ctx.term()

@@ -1,0 +1,205 @@
+"""Decode rank 1, 2, ...: reads its share of the heads from P and hands it to
+rank 0, which runs the model.
+
+Each rank is a consumer of P's lease: its READ carries its own transfer-done
+notification, so a P rank read by two D ranks waits for two (``consumers``).
+NACKs and lost P peers are forwarded to rank 0, which owns the scheduler and
+the heartbeats. One single-threaded loop, like every worker.
+
+Request-plane ops (from rank 0): ``connect {ranks}`` starts the handshake
+with P's ranks; ``read {req_id, remote_req_id, num_tokens, ranks}`` reads this
+rank's heads and answers ``read_done {req_id, kv}`` (the shard's bytes) or
+``read_failed {req_id, error}``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+
+from .. import wire
+from ..adapters.xfer import Transfer
+from .backend import KVBackend
+from .decode_state import DecodeOptions, RankParams
+from .metrics import DecodeMetrics
+from .plane import Msg, Server
+
+__all__ = ["DecodeFollower"]
+
+log = logging.getLogger("leaseproto.decode")
+
+#: Seconds a READ may stay in progress before it counts as failed.
+_READ_TIMEOUT_S = 30.0
+
+
+@dataclass
+class _Read:
+    envelope: list[bytes]
+    req_id: str
+    num_tokens: int
+    blocks: list[int]
+    started: float
+    transfers: list[Transfer] = field(default_factory=list)
+
+
+class DecodeFollower:
+    """Decode rank ``rank`` > 0 of a ``tp``-rank engine."""
+
+    def __init__(self, opts: DecodeOptions) -> None:
+        opts.validate()
+        self.opts = opts
+        self.backend = KVBackend.for_decode(opts, full_heads=False)
+        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        self.server = Server(self.ctx, opts.host, opts.port)
+        self.metrics = DecodeMetrics()
+        if opts.metrics_port is not None:
+            self.metrics.serve(opts.host, opts.metrics_port)
+        self.reads: dict[str, _Read] = {}
+        self.waiting: list[tuple[list[bytes], Msg]] = []  # reads waiting for blocks
+        self.leader: list[bytes] | None = None
+        self.counts = {"reads_done": 0, "reads_failed": 0, "nacks": 0, "malformed": 0}
+        self._stop = False
+
+    def ready_info(self) -> dict[str, Any]:
+        return {"role": "decode", "host": self.opts.host, "port": self.server.port,
+                "metrics_port": self.metrics.port, "nixl_port": self.backend.nixl_port,
+                "agent": self.backend.agent_name, "rank": self.opts.rank, "tp": self.opts.tp}
+
+    def _to_leader(self, msg: Msg) -> None:
+        if self.leader is not None:
+            self.server.reply(self.leader, msg)
+
+    def _request(self, envelope: list[bytes], msg: Msg) -> None:
+        op = msg["op"]
+        self.leader = envelope
+        try:
+            if op == "connect":
+                for r in msg.get("ranks", []):
+                    rank = RankParams.parse(r)
+                    self.backend.connect(rank.agent, rank.host, rank.nixl_port)
+            elif op == "read":
+                self.waiting.append((envelope, msg))
+            elif op == "ping":
+                self.server.reply(envelope, {"op": "pong", "role": "decode",
+                                             "rank": self.opts.rank, "tp": self.opts.tp})
+            elif op == "stats":
+                self.server.reply(envelope, {"op": "stats", "role": "decode",
+                                             "rank": self.opts.rank, "reads": len(self.reads),
+                                             "blocks_free": self.backend.num_free,
+                                             **self.counts})
+            elif op == "stop":
+                self.server.reply(envelope, {"op": "stopping"})
+                self._stop = True
+            else:
+                raise ValueError(f"unknown op {op!r}")
+        except (ValueError, TypeError) as exc:
+            self.counts["malformed"] += 1
+            self.metrics.malformed.inc()
+            log.warning("dropped a malformed %r message: %s", op, exc)
+            if op == "read":
+                self.server.reply(envelope, {"op": "read_failed", "req_id": msg.get("req_id"),
+                                             "error": str(exc)})
+
+    def _start(self) -> None:
+        while self.waiting:
+            envelope, msg = self.waiting[0]
+            req_id = str(msg.get("req_id"))
+            try:
+                ranks = [RankParams.parse(r) for r in msg.get("ranks", [])]
+                num_tokens = int(msg["num_tokens"])
+                remote = str(msg["remote_req_id"])
+                notif = wire.encode_transfer_done(remote)
+            except (ValueError, KeyError, TypeError) as exc:
+                self.waiting.pop(0)
+                self.server.reply(envelope, {"op": "read_failed", "req_id": req_id,
+                                             "error": f"bad read request: {exc}"})
+                continue
+            blocks = self.backend.alloc_for(num_tokens)
+            if blocks is None:
+                return
+            self.waiting.pop(0)
+            rd = _Read(envelope, req_id, num_tokens, blocks, time.monotonic())
+            try:
+                plan = self.backend.read_plan(ranks, blocks, num_tokens)
+            except ValueError as exc:  # LayoutError included
+                self.backend.free(blocks)
+                self.server.reply(envelope, {"op": "read_failed", "req_id": req_id,
+                                             "error": f"unusable transfer parameters: {exc}"})
+                continue
+            for rank, local, remote_descs in plan:
+                rd.transfers.append(self.backend.read(rank.agent, local, remote_descs,
+                                                      notif_msg=notif))
+            self.reads[req_id] = rd
+
+    def _progress(self) -> None:
+        now = time.monotonic()
+        for rd in list(self.reads.values()):
+            states = [self.backend.transfer_state(x) for x in rd.transfers]
+            failed = [x for x in rd.transfers if x.state == "ERR"]
+            error = None
+            if failed:
+                error = f"READ from {failed[0].peer} failed: {failed[0].error}"
+            elif now - rd.started > _READ_TIMEOUT_S and not all(s == "DONE" for s in states):
+                error = f"READ still in progress after {_READ_TIMEOUT_S:g} s"
+            if error is None and not all(s == "DONE" for s in states):
+                continue
+            del self.reads[rd.req_id]
+            for x in rd.transfers:
+                self.backend.release(x)
+            if error is None:
+                kv = self.backend.export_shard(rd.blocks, rd.num_tokens)
+                self.counts["reads_done"] += 1
+                self.metrics.transfers.labels(outcome="done").inc()
+                self.server.reply(rd.envelope, {"op": "read_done", "req_id": rd.req_id,
+                                                "kv": kv})
+            else:
+                self.counts["reads_failed"] += 1
+                self.metrics.transfers.labels(outcome="failed").inc()
+                self.server.reply(rd.envelope, {"op": "read_failed", "req_id": rd.req_id,
+                                                "error": error})
+            self.backend.free(rd.blocks)
+
+    def step(self, wait_s: float = 0.005) -> None:
+        if wait_s > 0 and not self.reads:
+            self.server.sock.poll(int(wait_s * 1000), zmq.POLLIN)
+        while (got := self.server.recv()) is not None:
+            self._request(*got)
+        for sender, payload in self.backend.poll():
+            try:
+                msg = wire.decode(payload)
+            except wire.MalformedMessage as exc:
+                self.counts["malformed"] += 1
+                self.metrics.malformed.inc()
+                log.warning("dropped a malformed notification from %s: %s", sender, exc)
+                continue
+            if isinstance(msg, wire.Nack):
+                self.counts["nacks"] += 1
+                self.metrics.nacks.inc()
+                self._to_leader({"op": "nack", "remote_req_id": msg.req_id,
+                                 "reason": msg.reason})
+        for agent, reason in self.backend.take_lost_peers():
+            self._to_leader({"op": "peer_lost", "agent": agent, "reason": reason})
+        self._start()
+        self._progress()
+
+    def run(self) -> None:
+        log.info("decode rank %d/%d serving on %s:%d (NIXL %d, agent %s)", self.opts.rank,
+                 self.opts.tp, self.opts.host, self.server.port, self.backend.nixl_port,
+                 self.backend.agent_name)
+        try:
+            while not self._stop:
+                self.step()
+        finally:
+            self.close()
+
+    def stop(self) -> None:
+        self._stop = True
+
+    def close(self) -> None:
+        self.server.close()
+        self.backend.close()
+        self.ctx.term()

@@ -1,0 +1,339 @@
+"""A prefill rank: one process, one single-threaded engine loop.
+
+Each turn of the loop (:meth:`PrefillWorker.step`):
+
+1. **intake**: request-plane messages (``prefill``, ``abort``, ``stats``,
+   ``ping``, ``stop``); a malformed one is counted and answered with an error;
+2. **compute**: prefill queued prompts while the pool has blocks (this rank's
+   share of the heads goes into its paged blocks), then ``LeaseTable.grant``
+   with ``consumers`` from the TP ratio, and answer the router with the
+   transfer parameters (agent, NIXL address, block ids, layout, lease time
+   left as a duration);
+3. **lease step**: every NIXL notification goes through ``wire.decode``
+   (malformed: counted, dropped) to ``renew`` / ``transfer_done`` / ``abort``;
+   then ``expire(now=time.monotonic())``. Blocks are freed exactly when the
+   core returns a :class:`~leaseproto.Release`; a
+   :class:`~leaseproto.LateTransfer` is answered with a NACK (``NK:``) to the
+   reader.
+
+Under ``policy="fixed"`` (a naive deployment, for comparison) heartbeats are
+ignored and late transfers are only counted and logged, as upstream does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import secrets
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+from .. import wire
+from .._config import LeaseConfig
+from .._events import LateTransfer, Release, ReleaseReason
+from .._table import LeaseTable
+from .backend import KVBackend
+from .metrics import PrefillMetrics, stats_dict
+from .plane import Msg, Server
+
+__all__ = ["PrefillOptions", "PrefillWorker"]
+
+log = logging.getLogger("leaseproto.prefill")
+
+#: Longest the loop waits for request-plane traffic before polling NIXL again.
+_IDLE_WAIT_S = 0.005
+
+
+@dataclass
+class PrefillOptions:
+    config: LeaseConfig
+    host: str = "127.0.0.1"
+    port: int = 0
+    metrics_port: int | None = 0
+    nixl_port: int = 0
+    engine_id: str = "prefill-engine"
+    rank: int = 0
+    tp: int = 1
+    device: str = "cpu"
+    num_blocks: int = 256
+    block_size: int = 4
+    model_seed: int = 0
+    policy: str = "lease"
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, config: LeaseConfig,
+                  metrics_port: int | None) -> PrefillOptions:
+        return cls(config=config, host=args.host, port=args.port, metrics_port=metrics_port,
+                   nixl_port=args.nixl_port, engine_id=args.engine_id, rank=args.rank,
+                   tp=args.tp, device=args.device, num_blocks=args.num_blocks,
+                   block_size=args.block_size, model_seed=args.model_seed,
+                   policy=args.policy)
+
+
+@dataclass
+class _Queued:
+    envelope: list[bytes]
+    req_id: str
+    prompt: list[int]
+    consumers: int
+    arrived: float
+
+
+class PrefillWorker:
+    """One prefill rank (``rank`` of ``tp``) of engine ``engine_id``."""
+
+    def __init__(self, opts: PrefillOptions) -> None:
+        if opts.policy not in ("lease", "fixed"):
+            raise ValueError(f"policy must be 'lease' or 'fixed', got {opts.policy!r}")
+        if not 0 <= opts.rank < opts.tp:
+            raise ValueError(f"rank {opts.rank} is not in 0..{opts.tp - 1}")
+        self.opts = opts
+        self.config = opts.config
+        self.table = LeaseTable(opts.config)
+        self.agent_name = f"{opts.engine_id}-r{opts.rank}-{secrets.token_hex(3)}"
+        self.backend = KVBackend(agent_name=self.agent_name, host=opts.host,
+                                 nixl_port=opts.nixl_port, rank=opts.rank, tp=opts.tp,
+                                 device=opts.device, num_blocks=opts.num_blocks,
+                                 block_size=opts.block_size, seed=opts.model_seed)
+        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        self.server = Server(self.ctx, opts.host, opts.port)
+        self.metrics = PrefillMetrics()
+        if opts.metrics_port is not None:
+            self.metrics.serve(opts.host, opts.metrics_port)
+        self.blocks: dict[str, list[int]] = {}  # req id -> blocks held under its lease
+        self.queue: deque[_Queued] = deque()
+        self.last_release_at: float | None = None
+        self.nacks_sent = 0
+        self.malformed = 0
+        self._stop = False
+        self._now = -math.inf
+        self.metrics.blocks_free.set(self.backend.num_free)
+
+    def ready_info(self) -> dict[str, Any]:
+        return {"role": "prefill", "host": self.opts.host, "port": self.server.port,
+                "metrics_port": self.metrics.port, "nixl_port": self.backend.nixl_port,
+                "agent": self.agent_name, "rank": self.opts.rank, "tp": self.opts.tp}
+
+    def _clock(self) -> float:
+        self._now = max(self._now, time.monotonic())
+        return self._now
+
+    # -- releases -------------------------------------------------------------------------
+    def _release(self, rel: Release) -> None:
+        """Free the blocks of a lease the core just ended (spec: exactly then)."""
+        blocks = self.blocks.pop(rel.req_id, [])
+        self.backend.free(blocks)
+        self.last_release_at = rel.at
+        self.metrics.observe_release(rel)
+        if rel.reason is ReleaseReason.EXPIRED:
+            if rel.last_renewal is None:
+                why = (f"lease expired {rel.at - rel.granted_at:.1f} s after the grant, "
+                       "never renewed")
+            else:
+                why = (f"lease expired {rel.at - rel.last_renewal:.1f} s after its last "
+                       "heartbeat")
+            log.info("released %d blocks of req %s: %s", len(blocks), rel.req_id, why)
+        elif rel.reason is ReleaseReason.ABORTED:
+            log.info("released %d blocks of req %s: aborted by the reader", len(blocks),
+                     rel.req_id)
+        else:
+            log.debug("released %d blocks of req %s: transferred %.3f s after the grant",
+                      len(blocks), rel.req_id, rel.at - rel.granted_at)
+
+    def _late(self, late: LateTransfer, sender: str) -> None:
+        what = "expired" if late.ended is ReleaseReason.EXPIRED else "aborted"
+        if self.opts.policy == "fixed":
+            log.warning("late transfer-done for req %s from %s: its lease %s %.2f s earlier; "
+                        "the reader may have read reused blocks (no NACK under the fixed "
+                        "policy)", late.req_id, sender, what, late.at - late.ended_at)
+            return
+        log.warning("late transfer-done for req %s from %s: its lease %s %.2f s earlier; "
+                    "sending a NACK so the reader discards what it read", late.req_id, sender,
+                    what, late.at - late.ended_at)
+        if self.backend.send(sender, wire.encode_nack(late.req_id, what)):
+            self.nacks_sent += 1
+            self.metrics.nacks.inc()
+
+    def _nack_lost(self, req_id: str, sender: str) -> None:
+        ended = self.table.ended(req_id)
+        what = "aborted" if ended is ReleaseReason.ABORTED else "expired"
+        log.warning("heartbeat from %s names req %s whose lease %s: sending a NACK before "
+                    "it reads", sender, req_id, what)
+        if self.backend.send(sender, wire.encode_nack(req_id, what)):
+            self.nacks_sent += 1
+            self.metrics.nacks.inc()
+
+    # -- lease step -----------------------------------------------------------------------
+    def _notification(self, sender: str, payload: bytes) -> None:
+        try:
+            msg = wire.decode(payload)
+        except wire.MalformedMessage as exc:
+            self.malformed += 1
+            self.metrics.malformed.inc()
+            log.warning("dropped a malformed notification from %s: %s", sender, exc)
+            return
+        now = self._clock()
+        if isinstance(msg, wire.Heartbeat):
+            self.metrics.heartbeats.inc()
+            self.metrics.heartbeat_ids.inc(len(msg.ids))
+            if self.opts.policy == "lease":
+                lost: list[str] = []
+                self.table.renew(msg.ids, now=now, lost=lost)
+                for rid in lost:  # spec §8.2: D has not read these yet; tell it now
+                    self._nack_lost(rid, sender)
+        elif isinstance(msg, wire.TransferDone):
+            out = self.table.transfer_done(msg.req_id, now=now)
+            if isinstance(out, Release):
+                self._release(out)
+            elif isinstance(out, LateTransfer):
+                self._late(out, sender)
+        elif isinstance(msg, wire.Abort):
+            rel = self.table.abort(msg.req_id, now=now)
+            if rel is not None:
+                self._release(rel)
+        else:  # a NACK is P -> D only
+            self.malformed += 1
+            self.metrics.malformed.inc()
+            log.warning("dropped a %s from %s: P never receives it", type(msg).__name__,
+                        sender)
+
+    def lease_step(self) -> None:
+        for sender, payload in self.backend.poll():
+            self._notification(sender, payload)
+        for rel in self.table.expire(now=self._clock()):
+            self._release(rel)
+        for peer, reason in self.backend.take_lost_peers():
+            log.info("NIXL peer %s lost (%s)", peer, reason)
+        self.metrics.sync(self.table.stats)
+        self.metrics.blocks_held.set(sum(len(b) for b in self.blocks.values()))
+        self.metrics.blocks_free.set(self.backend.num_free)
+
+    # -- requests -------------------------------------------------------------------------
+    def _request(self, envelope: list[bytes], msg: Msg) -> None:
+        op = msg["op"]
+        if op == "prefill":
+            req_id, prompt, d_tp = msg.get("req_id"), msg.get("prompt"), msg.get("d_tp", 1)
+            problem = self._check_prefill(req_id, prompt, d_tp)
+            if problem is not None:
+                self.malformed += 1
+                self.metrics.malformed.inc()
+                self.server.reply(envelope, {"op": "error", "req_id": req_id, "error": problem})
+                return
+            assert isinstance(req_id, str) and isinstance(prompt, list) and isinstance(d_tp, int)
+            # each P rank is read by every D rank that holds some of its heads
+            consumers = max(1, d_tp // self.opts.tp)
+            self.queue.append(_Queued(envelope, req_id, prompt, consumers, self._clock()))
+        elif op == "abort":
+            rid = msg.get("req_id")
+            if isinstance(rid, str):
+                queued = [q for q in self.queue if q.req_id == rid]
+                for q in queued:
+                    self.queue.remove(q)
+                rel = self.table.abort(rid, now=self._clock())
+                if rel is not None:
+                    self._release(rel)
+        elif op == "ping":
+            self.server.reply(envelope, {"op": "pong", "role": "prefill",
+                                         "engine_id": self.opts.engine_id,
+                                         "rank": self.opts.rank, "tp": self.opts.tp})
+        elif op == "stats":
+            self.server.reply(envelope, self.stats())
+        elif op == "stop":
+            self.server.reply(envelope, {"op": "stopping"})
+            self._stop = True
+        else:
+            self.malformed += 1
+            self.metrics.malformed.inc()
+            self.server.reply(envelope, {"op": "error", "error": f"unknown op {op!r}"})
+
+    def _check_prefill(self, req_id: object, prompt: object, d_tp: object) -> str | None:
+        if not isinstance(req_id, str):
+            return "req_id must be a string"
+        try:
+            wire.check_id(req_id)
+        except ValueError as exc:
+            return f"bad req_id: {exc}"
+        if req_id in self.table or any(q.req_id == req_id for q in self.queue):
+            return f"req {req_id} is already being served"
+        if (not isinstance(prompt, list) or not prompt
+                or not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)):
+            return "prompt must be a non-empty list of token ids"
+        problem = self.backend.check_prompt(prompt)
+        if problem is not None:
+            return problem
+        if isinstance(d_tp, bool) or not isinstance(d_tp, int) or d_tp < 1:
+            return "d_tp must be an integer >= 1"
+        return None
+
+    def compute(self) -> None:
+        """Prefill queued prompts, oldest first, while blocks are free."""
+        while self.queue:
+            q = self.queue[0]
+            blocks = self.backend.alloc_for(len(q.prompt))
+            if blocks is None:
+                return  # wait for leases to end
+            self.queue.popleft()
+            first = self.backend.prefill(q.prompt, blocks)
+            now = self._clock()
+            rel = self.table.grant(q.req_id, now=now, consumers=q.consumers)
+            self.blocks[q.req_id] = blocks
+            self.metrics.prefills.inc()
+            deadline = self.table.deadline(q.req_id)
+            if rel is not None:  # a staged abort / transfer-done completed it already
+                self._release(rel)
+            remaining = 0.0 if deadline is None else deadline - self._clock()
+            self.server.reply(q.envelope, {
+                "op": "prefilled", "req_id": q.req_id, "engine_id": self.opts.engine_id,
+                "rank": self.opts.rank, "tp": self.opts.tp, "agent": self.agent_name,
+                "host": self.opts.host, "nixl_port": self.backend.nixl_port,
+                "block_ids": blocks, "num_tokens": len(q.prompt), "first_token": first,
+                "layout": self.backend.layout(), "lease_remaining": remaining,
+                "consumers": q.consumers})
+
+    def stats(self) -> Msg:
+        now = self._clock()
+        return {"op": "stats", "role": "prefill", "rank": self.opts.rank,
+                "blocks_held": sum(len(b) for b in self.blocks.values()),
+                "blocks_free": self.backend.num_free, "blocks_total": self.opts.num_blocks,
+                "leases_live": len(self.table), "queued": len(self.queue),
+                "since_last_release": (None if self.last_release_at is None
+                                       else now - self.last_release_at),
+                "nacks_sent": self.nacks_sent, "malformed": self.malformed,
+                "table": stats_dict(self.table.stats)}
+
+    # -- loop -----------------------------------------------------------------------------
+    def step(self, wait_s: float = _IDLE_WAIT_S) -> None:
+        """One engine-loop turn: intake, compute, lease step."""
+        if wait_s > 0:
+            self.server.sock.poll(int(wait_s * 1000), zmq.POLLIN)
+        while (got := self.server.recv()) is not None:
+            self._request(*got)
+        if self.server.bad:
+            self.malformed += self.server.bad
+            self.metrics.malformed.inc(self.server.bad)
+            self.server.bad = 0
+        self.compute()
+        self.lease_step()
+
+    def run(self) -> None:
+        log.info("prefill rank %d/%d of %s serving on %s:%d (NIXL %d, agent %s, policy %s)",
+                 self.opts.rank, self.opts.tp, self.opts.engine_id, self.opts.host,
+                 self.server.port, self.backend.nixl_port, self.agent_name, self.opts.policy)
+        try:
+            while not self._stop:
+                self.step()
+        finally:
+            self.close()
+
+    def stop(self) -> None:
+        self._stop = True
+
+    def close(self) -> None:
+        self.server.close()
+        self.backend.close()
+        self.ctx.term()

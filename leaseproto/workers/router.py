@@ -1,0 +1,288 @@
+"""The router: one process, one single-threaded loop.
+
+A client sends ``{"op": "generate", "id": ..., "prompt": [token ids],
+"max_tokens": n}``. The router names the request for P (``<id>-<8 hex>``, as
+vLLM does), sends ``prefill`` to every rank of the prefill engine, collects
+each rank's transfer parameters (its NIXL agent and address, block ids, the
+block layout and the lease time left, a duration), and sends ``decode`` to the
+decode engine with all of them. D's answer goes back to the client as
+``{"op": "result", "id", "req_id", "ok", "tokens", "error", "recomputed"}``.
+
+Failures are answers, never hangs: a worker whose connection drops fails every
+request waiting on it (ZeroMQ socket monitor), a rank that cannot prefill
+fails the request and the other ranks are told to abort (so they free at once
+instead of at expiry), and every request has a deadline.
+
+The router does not reply to ``generate`` until it has heard from every
+worker (``ping``); its own ``ping`` answer says whether it is ``ready``.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+
+from .. import wire
+from .metrics import RouterMetrics
+from .plane import Msg, Peer, Server
+
+__all__ = ["Router", "RouterOptions"]
+
+log = logging.getLogger("leaseproto.router")
+
+
+@dataclass
+class RouterOptions:
+    host: str = "127.0.0.1"
+    port: int = 0
+    prefill: Sequence[str] = ()  # one request-plane address per P rank, in rank order
+    decode: str = ""  # the decode engine's leader
+    metrics_port: int | None = 0
+    #: seconds a request may take end to end before it fails
+    request_timeout: float = 120.0
+
+
+@dataclass
+class _Pending:
+    envelope: list[bytes]
+    client_id: Any
+    req_id: str
+    prompt: list[int]
+    max_tokens: int
+    started: float
+    stage: str = "prefill"
+    ranks: dict[int, Msg] = field(default_factory=dict)
+    prefilled_at: float = 0.0
+
+
+class Router:
+    """Routes each request to the prefill engine, then the decode engine."""
+
+    def __init__(self, opts: RouterOptions, *, ctx: zmq.Context[zmq.Socket[bytes]] | None = None
+                 ) -> None:
+        if not opts.prefill or not opts.decode:
+            raise ValueError("the router needs at least one prefill address and a decode address")
+        self.opts = opts
+        self.ctx: zmq.Context[zmq.Socket[bytes]] = ctx if ctx is not None else zmq.Context()
+        self.server = Server(self.ctx, opts.host, opts.port)
+        self.prefill = [Peer(self.ctx, a) for a in opts.prefill]
+        self.decode = Peer(self.ctx, opts.decode)
+        self.info: dict[int, Msg] = {}  # peer index -> its ping answer (decode is -1)
+        self.pending: dict[str, _Pending] = {}
+        self.metrics = RouterMetrics()
+        if opts.metrics_port is not None:
+            self.metrics.serve(opts.host, opts.metrics_port)
+        self._last_ping = -1e9
+        self._stop = False
+
+    # -- readiness ------------------------------------------------------------------------
+    def ready_info(self) -> dict[str, Any]:
+        return {"role": "router", "host": self.opts.host, "port": self.server.port,
+                "metrics_port": self.metrics.port}
+
+    @property
+    def ready(self) -> bool:
+        return len(self.info) == len(self.prefill) + 1
+
+    def _ping_peers(self, now: float) -> None:
+        if self.ready or now - self._last_ping < 0.2:
+            return
+        self._last_ping = now
+        for i, peer in enumerate(self.prefill):
+            if i not in self.info:
+                peer.send({"op": "ping"})
+        if -1 not in self.info:
+            self.decode.send({"op": "ping"})
+
+    @property
+    def d_tp(self) -> int:
+        return int(self.info.get(-1, {}).get("tp", 1))
+
+    # -- client side ----------------------------------------------------------------------
+    def _client(self, envelope: list[bytes], msg: Msg, now: float) -> None:
+        op = msg["op"]
+        if op == "ping":
+            self.server.reply(envelope, {"op": "pong", "role": "router", "ready": self.ready,
+                                         "metrics_port": self.metrics.port})
+        elif op == "stats":
+            self.server.reply(envelope, {"op": "stats", "role": "router",
+                                         "in_flight": len(self.pending)})
+        elif op == "stop":
+            self.server.reply(envelope, {"op": "stopping"})
+            self._stop = True
+        elif op == "generate":
+            self._generate(envelope, msg, now)
+        else:
+            self.metrics.malformed.inc()
+            self.server.reply(envelope, {"op": "error", "error": f"unknown op {op!r}"})
+
+    def _generate(self, envelope: list[bytes], msg: Msg, now: float) -> None:
+        cid = msg.get("id")
+        prompt = msg.get("prompt")
+        max_tokens = msg.get("max_tokens", 8)
+        if (not isinstance(prompt, list) or not prompt
+                or not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+                or not isinstance(max_tokens, int) or max_tokens < 1):
+            self.metrics.malformed.inc()
+            self.server.reply(envelope, {"op": "result", "id": cid, "ok": False, "tokens": [],
+                                         "error": "generate needs a non-empty list of token ids "
+                                                  "and max_tokens >= 1"})
+            return
+        if not self.ready:
+            self.server.reply(envelope, {"op": "result", "id": cid, "ok": False, "tokens": [],
+                                         "error": "router not ready: workers not reachable yet"})
+            return
+        base = str(cid) if cid is not None else "req"
+        req_id = f"{base}-{secrets.token_hex(4)}"
+        try:
+            wire.check_id(req_id)
+        except ValueError as exc:
+            self.server.reply(envelope, {"op": "result", "id": cid, "ok": False, "tokens": [],
+                                         "error": f"bad request id: {exc}"})
+            return
+        self.pending[req_id] = _Pending(envelope, cid, req_id, prompt, max_tokens, now)
+        self.metrics.in_flight.set(len(self.pending))
+        for peer in self.prefill:
+            peer.send({"op": "prefill", "req_id": req_id, "prompt": prompt,
+                       "d_tp": self.d_tp})
+
+    def _finish(self, p: _Pending, now: float, *, ok: bool, tokens: Sequence[int] = (),
+                error: str | None = None, recomputed: bool = False) -> None:
+        self.pending.pop(p.req_id, None)
+        self.server.reply(p.envelope, {"op": "result", "id": p.client_id, "req_id": p.req_id,
+                                       "ok": ok, "tokens": list(tokens), "error": error,
+                                       "recomputed": recomputed})
+        self.metrics.requests.labels(outcome="ok" if ok else "error").inc()
+        self.metrics.latency.observe(now - p.started)
+        self.metrics.in_flight.set(len(self.pending))
+        if not ok:
+            log.warning("request %s failed: %s", p.req_id, error)
+
+    # -- worker side ----------------------------------------------------------------------
+    def _from_prefill(self, index: int, msg: Msg, now: float) -> None:
+        op = msg["op"]
+        if op == "pong":
+            self.info[index] = msg
+            log.info("prefill rank %d ready: engine %s, tp %s", index, msg.get("engine_id"),
+                     msg.get("tp"))
+            return
+        p = self.pending.get(str(msg.get("req_id")))
+        if p is None or p.stage != "prefill":
+            return  # an answer for a request that already failed
+        if op != "prefilled":
+            self._abort_prefill(p, except_rank=index)
+            self._finish(p, now, ok=False,
+                         error=f"prefill rank {index} failed: {msg.get('error', op)}")
+            return
+        p.ranks[index] = msg
+        if len(p.ranks) < len(self.prefill):
+            return
+        p.stage = "decode"
+        p.prefilled_at = now
+        ranks = []
+        for i in range(len(self.prefill)):
+            r = dict(p.ranks[i])
+            r.pop("op", None)
+            # the lease time left, as a duration: less what the router held it
+            r["lease_remaining"] = float(r.get("lease_remaining", 0.0)) - (now - r["_recv_at"])
+            r.pop("_recv_at", None)
+            ranks.append(r)
+        self.decode.send({"op": "decode", "req_id": p.req_id, "prompt": p.prompt,
+                          "max_tokens": p.max_tokens,
+                          "params": {"remote_req_id": p.req_id,
+                                     "engine_id": ranks[0]["engine_id"],
+                                     "p_tp": len(ranks), "ranks": ranks}})
+
+    def _abort_prefill(self, p: _Pending, except_rank: int | None = None) -> None:
+        for i, peer in enumerate(self.prefill):
+            if i != except_rank:
+                peer.send({"op": "abort", "req_id": p.req_id})
+
+    def _from_decode(self, msg: Msg, now: float) -> None:
+        op = msg["op"]
+        if op == "pong":
+            self.info[-1] = msg
+            log.info("decode engine ready: tp %s", msg.get("tp"))
+            return
+        p = self.pending.get(str(msg.get("req_id")))
+        if p is None or p.stage != "decode":
+            return
+        if op == "decoded":
+            self._finish(p, now, ok=bool(msg.get("ok")), tokens=msg.get("tokens") or [],
+                         error=msg.get("error"), recomputed=bool(msg.get("recomputed")))
+        else:
+            self._finish(p, now, ok=False, error=f"decode failed: {msg.get('error', op)}")
+
+    def _lost(self, stage: str, index: int | None, now: float) -> None:
+        name = "decode engine" if index is None else f"prefill rank {index}"
+        for p in list(self.pending.values()):
+            if p.stage == stage:
+                if stage == "prefill":
+                    self._abort_prefill(p, except_rank=index)
+                self._finish(p, now, ok=False, error=f"{name} disconnected")
+        if index is None:
+            self.info.pop(-1, None)
+        else:
+            self.info.pop(index, None)
+        log.warning("%s disconnected: failed its pending requests", name)
+
+    def _timeouts(self, now: float) -> None:
+        limit = self.opts.request_timeout
+        for p in list(self.pending.values()):
+            if now - p.started > limit:
+                if p.stage == "prefill":
+                    self._abort_prefill(p)
+                self._finish(p, now, ok=False, error=f"no answer within {limit:g} s "
+                                                     f"(stage {p.stage})")
+
+    # -- loop -----------------------------------------------------------------------------
+    def step(self, timeout_ms: int = 50) -> None:
+        """One loop turn: wait up to ``timeout_ms`` for traffic, then handle all of it."""
+        poller = zmq.Poller()
+        poller.register(self.server.sock, zmq.POLLIN)
+        for peer in (*self.prefill, self.decode):
+            poller.register(peer.sock, zmq.POLLIN)
+            poller.register(peer.monitor, zmq.POLLIN)
+        poller.poll(timeout_ms)
+        now = time.monotonic()
+        while (got := self.server.recv()) is not None:
+            self._client(got[0], got[1], now)
+        for i, peer in enumerate(self.prefill):
+            while (msg := peer.recv()) is not None:
+                msg["_recv_at"] = now
+                self._from_prefill(i, msg, now)
+            if peer.disconnected():
+                self._lost("prefill", i, now)
+        while (msg := self.decode.recv()) is not None:
+            self._from_decode(msg, now)
+        if self.decode.disconnected():
+            self._lost("decode", None, now)
+        bad = self.server.bad + sum(p.bad for p in (*self.prefill, self.decode))
+        if bad:
+            self.metrics.malformed.inc(bad)
+            self.server.bad = 0
+            for peer in (*self.prefill, self.decode):
+                peer.bad = 0
+        self._ping_peers(now)
+        self._timeouts(now)
+
+    def run(self) -> None:
+        log.info("router listening on %s:%d (prefill %s, decode %s)", self.opts.host,
+                 self.server.port, list(self.opts.prefill), self.opts.decode)
+        while not self._stop:
+            self.step()
+        self.close()
+
+    def stop(self) -> None:
+        self._stop = True
+
+    def close(self) -> None:
+        for peer in (*self.prefill, self.decode):
+            peer.close()
+        self.server.close()
