@@ -23,6 +23,8 @@ _COMMANDS: tuple[str, ...] = (
     "diagram_cmd",
     "sim_cmd",
     "prove_cmd",
+    "demo_cmd",
+    "serve_cmd",
 )
 
 
