@@ -37,13 +37,19 @@ How NIXL behaves here (nixl-cu12 1.5.1, checked on this machine, CPU only):
   without connecting itself. Both agents need a listener, which every endpoint
   has.
 * A fetch from an address where nobody listens fails silently (NIXL only logs
-  it) and is never retried by NIXL. The endpoint re-issues it every
-  ``connect_retry`` seconds until ``connect_timeout``, then reports the peer
-  lost with reason ``"connect timeout"``; so a D started before its P still
-  connects. Duplicate fetches are harmless.
-* The metadata a peer holds is a snapshot: :meth:`~NixlEndpoint.register`
-  memory before anyone connects. (Registering later re-pushes our metadata to
-  the peers we connected to ourselves, not to peers that connected to us.)
+  it) and is never retried by NIXL. The endpoint re-issues it after
+  ``connect_retry`` seconds, doubling the wait up to 2 s, until
+  ``connect_timeout``; then the peer is lost with reason ``"connect timeout"``.
+  So a D started before its P still connects. Duplicate fetches are harmless.
+* The metadata a peer holds is a snapshot, and the listener is up before the
+  constructor returns, so a peer may fetch it before :meth:`register`. A READ
+  whose remote memory the loaded metadata does not cover
+  (``check_remote_metadata(peer, descs)`` is false) re-fetches it and stays
+  ``"PROC"`` until it does (then it is posted) or ``connect_timeout`` passes
+  (then ``"ERR"``, e.g. a layout naming memory the peer never registered).
+  Registering later also re-pushes our metadata to peers we connected to.
+* A ``port`` already in use: the constructor raises ``RuntimeError`` ("Failed
+  to bind metadata listener socket").
 * ``send_notif`` to a peer whose process died raises
   ``nixlRemoteDisconnectError`` (at once, on loopback); to a peer we have no
   metadata for it raises ``nixlNotFoundError``. ``check_remote_metadata`` stays
@@ -56,6 +62,9 @@ How NIXL behaves here (nixl-cu12 1.5.1, checked on this machine, CPU only):
   *target* (the peer whose memory was read) once the data has moved; the
   initiator sees ``"DONE"`` from :meth:`~NixlEndpoint.transfer_state`.
 * Messages of 1 MiB arrive intact over UCX on loopback.
+* NIXL's C++ logging (connection refused while a peer starts, disconnects)
+  goes to stderr; ``NIXL_LOG_LEVEL=WARN|ERROR|FATAL`` in the environment
+  quiets it (read when NIXL loads).
 
 Not thread-safe: call it from the engine loop only (NIXL's own listener and
 progress threads are internal to the agent).
@@ -224,10 +233,13 @@ class NixlEndpoint:
         if rec is not None and rec.state in ("connecting", "connected") \
                 and (rec.host, rec.port) == (host, port):
             return
-        if rec is not None or agent.check_remote_metadata(peer):
+        if rec is not None and agent.check_remote_metadata(peer):
+            # lost, failed or moved: drop what we hold (and its UCX endpoints).
+            # Metadata a peer pushed to us without our connect() is kept: the
+            # peer may be reading from us right now.
             try:
                 agent.remove_remote_agent(peer)
-            except Exception as exc:  # nothing loaded: fine
+            except Exception as exc:
                 self.stats.last_error = _describe(exc)
         now = time.monotonic()
         rec = _Peer(host=host, port=port, state="connecting", started=now, last_try=now,
