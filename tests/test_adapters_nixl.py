@@ -293,6 +293,12 @@ def test_read_of_unregistered_memory_ends_in_err(peer: Peer) -> None:
         assert "has not registered" in xfer.error
         assert ep.stats.reads_failed == 1
         ep.release(xfer)
+        # abandoned while waiting for metadata: never posted, reads ERR
+        again = ep.read("Bf", XferDescs("DRAM", ((local.data_ptr(), 64, 0),)), bogus,
+                        notif_msg=b"never")
+        assert ep.transfer_state(again) == "PROC"
+        ep.release(again)
+        assert ep.transfer_state(again) == "ERR" and "released" in again.error
     finally:
         ep.close()
 

@@ -367,11 +367,16 @@ class NixlEndpoint:
 
     def release(self, xfer: Transfer) -> None:
         """Free NIXL's handle (NIXL tries to cancel a transfer still in
-        progress). Safe to call twice."""
+        progress; one still waiting for metadata is never posted). A transfer
+        released before it finished reads ``"ERR"``. Safe to call twice."""
         self._live()
+        xfer._pending = None
         if xfer._handle is not None:
             handle, xfer._handle = xfer._handle, None
             self._release_handle(handle)
+        if xfer._state == "PROC":
+            xfer._state = "ERR"
+            xfer.error = "released before it finished"
 
     def close(self) -> None:
         """Deregister memory and drop the agent (its threads stop with it)."""
