@@ -1,0 +1,192 @@
+"""End to end over real NIXL on loopback (CPU, UCX): heartbeat round trip, and
+the time from D's SIGKILL to P's release of its last block.
+
+1. Round trip: a heartbeat notification (``wire.encode_heartbeat``, 1 and 70
+   ids, about 57 B and 3.9 KB) goes from this process to an echo process and
+   back, over NIXL ``send_notif``/``get_new_notifs`` (``NixlEndpoint``).
+   Baseline, side by side with the same payloads and the same echo loop: a
+   ZeroMQ DEALER/ROUTER pair on 127.0.0.1 (the transport of our control plane).
+2. Reclaim: ``--runs`` times, a router, a prefill and a decode worker
+   (``leaseproto serve``, each its own process, KV moved by NIXL READs) on a
+   compressed timescale (``kv_lease_duration`` 3 s: heartbeat every 0.5 s,
+   extension 2 s). More requests than D runs at once, so some wait in its
+   queue; once D tracks them all and every lease has been renewed, D gets
+   SIGKILL; P is polled until it holds no block. Compared with the bound
+   ``lease_extension + heartbeat_interval`` (the spec's reclaim bound, plus
+   the interval for the heartbeat D might have been about to send).
+
+    python benchmarks/bench_e2e_nixl.py [--runs 3] [--trips 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from _common import machine, pct, ratio, table
+
+from leaseproto import wire
+
+ECHO = b"EC"
+
+
+def _ids(n: int) -> list[str]:
+    return [f"chatcmpl-{i:032x}-{i:08x}" for i in range(n)]
+
+
+def _nixl_echo(port: int, peer_port: int, count: int) -> None:
+    from leaseproto.adapters.nixl import NixlEndpoint  # noqa: PLC0415 - child process
+
+    ep = NixlEndpoint("echo", port=port)
+    ep.connect("bench", "127.0.0.1", peer_port)
+    while not ep.is_connected("bench"):
+        ep.poll()
+        time.sleep(0.001)
+    done = 0
+    while done < count:
+        for peer, msg in ep.poll():
+            ep.send(peer, msg)
+            done += 1
+    time.sleep(0.5)
+    ep.close()
+
+
+def _zmq_echo(port: int, count: int) -> None:
+    import zmq  # noqa: PLC0415
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.bind(f"tcp://127.0.0.1:{port}")
+    for _ in range(count):
+        ident, msg = sock.recv_multipart()
+        sock.send_multipart([ident, msg])
+    sock.close(0)
+    ctx.term()
+
+
+def round_trips(payloads: Sequence[bytes], trips: int) -> dict[str, list[float]]:
+    """Seconds per round trip, per payload, NIXL then ZeroMQ."""
+    import zmq  # noqa: PLC0415
+
+    from leaseproto.adapters.nixl import NixlEndpoint, free_port  # noqa: PLC0415
+
+    count = trips * len(payloads)
+    spawn = mp.get_context("spawn")
+    out: dict[str, list[float]] = {}
+    port, peer_port = free_port(), free_port()
+    ep = NixlEndpoint("bench", port=port)
+    child = spawn.Process(target=_nixl_echo, args=(peer_port, port, count))
+    child.start()
+    ep.connect("echo", "127.0.0.1", peer_port)
+    deadline = time.monotonic() + 120
+    while not ep.is_connected("echo"):
+        if time.monotonic() > deadline:
+            sys.exit("NIXL echo peer never connected")
+        ep.poll()
+        time.sleep(0.001)
+    for k, payload in enumerate(payloads):
+        rtt = out.setdefault(f"nixl {k}", [])
+        for _ in range(trips):
+            t0 = time.perf_counter()
+            if not ep.send("echo", payload):
+                sys.exit("NIXL send failed")
+            while not ep.poll():
+                pass
+            rtt.append(time.perf_counter() - t0)
+    child.join(30)
+    ep.close()
+    zport = free_port()
+    zchild = spawn.Process(target=_zmq_echo, args=(zport, count))
+    zchild.start()
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.connect(f"tcp://127.0.0.1:{zport}")
+    for k, payload in enumerate(payloads):
+        rtt = out.setdefault(f"zmq {k}", [])
+        for _ in range(trips):
+            t0 = time.perf_counter()
+            sock.send(payload)
+            sock.recv()
+            rtt.append(time.perf_counter() - t0)
+    zchild.join(30)
+    sock.close(0)
+    ctx.term()
+    return out
+
+
+def reclaim_run(n_requests: int) -> dict[str, Any]:
+    """One cluster: queue requests on D, SIGKILL it, time P's last release."""
+    from leaseproto.workers.cluster import Cluster, ClusterSpec  # noqa: PLC0415
+
+    spec = ClusterSpec(kv_lease_duration=3.0, max_running=2, d_step_time=0.05)
+    ext, interval = spec.kv_lease_duration * 2 / 3, spec.kv_lease_duration / 6
+    with Cluster(spec) as cluster:
+        client = cluster.client()
+        try:
+            for i in range(n_requests):
+                client.submit(f"k{i}", [(7 * i + j) % 50 for j in range(10)], 40)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                d = cluster.stats(cluster.decode[0])
+                if d["tracker"]["tracked"] + d["completed"] >= n_requests:
+                    break
+                client.poll(0.05)
+            # every lease granted at least L - E ago has been renewed by now
+            time.sleep(spec.kv_lease_duration - ext + 0.3)
+            d = cluster.stats(cluster.decode[0])
+            p = cluster.stats(cluster.prefill[0])
+            held, live = p["blocks_held"], p["leases_live"]
+            killed = cluster.kill(cluster.decode[0])
+            released = None
+            while time.monotonic() < killed + ext + interval + 10:
+                p = cluster.stats(cluster.prefill[0])
+                asked = time.monotonic()
+                if p["blocks_held"] == 0 and p["leases_live"] == 0:
+                    released = asked - (p.get("since_last_release") or 0.0)
+                    break
+                time.sleep(0.02)
+        finally:
+            client.close()
+    return {"waiting": d["waiting"], "running": d["running"], "leases": live,
+            "blocks": held, "reclaim": None if released is None else released - killed,
+            "bound": ext + interval, "expired": p["table"]["released_expired"]}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--requests", type=int, default=10)
+    ap.add_argument("--trips", type=int, default=300)
+    args = ap.parse_args(argv)
+    print(f"end to end over NIXL (UCX, CPU memory, loopback); {machine()}")
+    payloads = [wire.encode_heartbeat(_ids(n))[0] for n in (1, 70)]
+    rtts = round_trips(payloads, args.trips)
+    rows = []
+    for k, payload in enumerate(payloads):
+        nx, zq = rtts[f"nixl {k}"], rtts[f"zmq {k}"]
+        rows.append([f"{len(payload):,} B", f"{statistics.median(nx) * 1e6:,.0f}",
+                     f"{pct(nx, 99) * 1e6:,.0f}", f"{min(nx) * 1e6:,.0f}",
+                     f"{statistics.median(zq) * 1e6:,.0f}", f"{pct(zq, 99) * 1e6:,.0f}",
+                     ratio(statistics.median(nx), statistics.median(zq))])
+    print(f"heartbeat notification round trip, {args.trips} trips per payload:")
+    print(table(["payload", "NIXL median µs", "NIXL p99 µs", "NIXL min µs", "ZeroMQ median µs",
+                 "ZeroMQ p99 µs", "NIXL / ZeroMQ"], rows))
+    results = [reclaim_run(args.requests) for _ in range(args.runs)]
+    rows = [[str(k + 1), str(r["waiting"]), str(r["running"]), str(r["leases"]),
+             str(r["blocks"]), "-" if r["reclaim"] is None else f"{r['reclaim']:.2f}",
+             f"{r['bound']:.2f}",
+             "yes" if r["reclaim"] is not None and r["reclaim"] <= r["bound"] else "NO"]
+            for k, r in enumerate(results)]
+    print("D SIGKILL -> P frees its last block (kv_lease_duration 3 s):")
+    print(table(["run", "D waiting", "D running", "P leases", "P blocks", "reclaim s",
+                 "bound E+H s", "within"], rows))
+    return 0 if all(r[-1] == "yes" for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
