@@ -32,6 +32,7 @@ __all__ = [
     "read_allowed",
     "renew_applies",
     "renew_deadline",
+    "renew_rule",
     "transfer_done_count",
     "transfer_done_state",
     "transfer_is_last",
@@ -56,7 +57,9 @@ def next_state(state: int, inp: Input, guard: bool) -> int:
     row for ``inp``, and a state with no row for ``inp`` stays unchanged.
     """
     if isinstance(state, int):
-        t = TRANSITIONS[(LeaseState(state), inp)]
+        # int keys find the IntEnum rows (equal hashes and values), without a
+        # LeaseState() call on the runtime's path
+        t = TRANSITIONS[(state, inp)]  # type: ignore[index]
         if t.guard is Guard.ALWAYS:
             return int(t.target)
         return ite(guard, int(t.target), state)
@@ -76,18 +79,32 @@ def grant_deadline(now: N, ttl: N) -> N:
 
 
 # -- renew (spec §8.2; I1 monotone, I2 no revival, I7 cap) --------------------------------
+def renew_rule(state: int, deadline: N, cap_at: N | None, now: N,
+               extension: N) -> tuple[bool, N]:
+    """One heartbeat naming a lease: ``(applies, deadline')``.
+
+    It applies only to a granted lease that is still live (``now < deadline``),
+    so a renewal never creates or revives a lease (I2). Then ``deadline' =
+    max(deadline, min(now + extension, cap_at))``: never shorter (I1), never
+    past the cap (I7). Otherwise ``deadline`` is unchanged. The runtime calls
+    this; :func:`renew_applies` and :func:`renew_deadline` are its two halves,
+    for the proofs.
+    """
+    applies = conj(state == GRANTED, now < deadline)
+    target = now + extension
+    if cap_at is not None:  # a structural option, not a symbolic value
+        target = vmin(target, cap_at)
+    return applies, ite(applies, vmax(deadline, target), deadline)
+
+
 def renew_applies(state: int, deadline: N, now: N) -> bool:
-    """A heartbeat renews only a granted lease that is still live."""
-    return conj(state == GRANTED, now < deadline)
+    """Whether a heartbeat renews the lease (first half of :func:`renew_rule`)."""
+    return renew_rule(state, deadline, None, now, now)[0]
 
 
 def renew_deadline(state: int, deadline: N, cap_at: N | None, now: N, extension: N) -> N:
-    """``max(deadline, min(now + extension, cap_at))`` when the renewal applies,
-    else ``deadline`` unchanged. Never shortens (I1), never passes the cap (I7)."""
-    target = now + extension
-    if cap_at is not None:
-        target = vmin(target, cap_at)
-    return ite(renew_applies(state, deadline, now), vmax(deadline, target), deadline)
+    """The deadline after a heartbeat (second half of :func:`renew_rule`)."""
+    return renew_rule(state, deadline, cap_at, now, extension)[1]
 
 
 # -- transfer-done (spec §8.3) ------------------------------------------------------------

@@ -39,36 +39,43 @@ def ite(cond: bool, then: T, other: T) -> T:
 
 def vmax(a: T, b: T) -> T:
     """The larger of ``a`` and ``b`` (``a`` on a tie)."""
-    return ite(a >= b, a, b)  # type: ignore[operator]
+    c = a >= b  # type: ignore[operator]
+    if c is True:
+        return a
+    if c is False:
+        return b
+    result: T = _z3mod().If(c, a, b)
+    return result
 
 
 def vmin(a: T, b: T) -> T:
     """The smaller of ``a`` and ``b`` (``a`` on a tie)."""
-    return ite(a <= b, a, b)  # type: ignore[operator]
+    c = a <= b  # type: ignore[operator]
+    if c is True:
+        return a
+    if c is False:
+        return b
+    result: T = _z3mod().If(c, a, b)
+    return result
 
 
-def _concrete(conds: tuple[bool, ...]) -> bool:
-    # an explicit loop: all() over a generator costs more on the runtime's hot path
-    for c in conds:  # noqa: SIM110
-        if c is not True and c is not False:
-            return False
-    return True
-
-
+# conj/disj/neg are on the runtime's hot path: explicit loops, no helper calls.
 def conj(*conds: bool) -> bool:
     """Logical and of every condition."""
-    if _concrete(conds):
-        return False not in conds
-    result: bool = _z3mod().And(*conds)
-    return result
+    for c in conds:
+        if c is not True and c is not False:
+            result: bool = _z3mod().And(*conds)
+            return result
+    return False not in conds
 
 
 def disj(*conds: bool) -> bool:
     """Logical or of every condition."""
-    if _concrete(conds):
-        return True in conds
-    result: bool = _z3mod().Or(*conds)
-    return result
+    for c in conds:
+        if c is not True and c is not False:
+            result: bool = _z3mod().Or(*conds)
+            return result
+    return True in conds
 
 
 def neg(cond: bool) -> bool:

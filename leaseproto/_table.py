@@ -229,12 +229,13 @@ class LeaseTable:
                 if lost is not None and ended[0] != R.TRANSFERRED:
                     lost.append(rid)
                 continue
-            if not R.renew_applies(lease.state, lease.deadline, now):
+            applies, deadline = R.renew_rule(lease.state, lease.deadline, lease.cap_at, now, ext)
+            if not applies:
                 c["renew_lapsed"] += 1
                 if lost is not None:
                     lost.append(rid)
                 continue
-            lease.deadline = R.renew_deadline(lease.state, lease.deadline, lease.cap_at, now, ext)
+            lease.deadline = deadline
             lease.last_renewal = now
             renewed += 1
         c["renewed"] += renewed
@@ -294,15 +295,17 @@ class LeaseTable:
         leases = self._leases
         out: list[Release] = []
         while heap and heap[0][0] <= now:
-            _, seq, lease = heapq.heappop(heap)
+            _, seq, lease = heap[0]
             if leases.get(lease.req_id) is not lease:
+                heapq.heappop(heap)
                 self._stale = max(0, self._stale - 1)
                 continue
-            state = R.expire_state(lease.state, lease.deadline, now)
-            if state == R.EXPIRED:
-                out.append(self._end(lease, state, now))
-            else:  # renewed since it was queued: requeue at its new deadline
-                heapq.heappush(heap, (lease.deadline, seq, lease))
+            if R.expire_due(lease.state, lease.deadline, now):
+                heapq.heappop(heap)
+                out.append(self._end(lease, R.expire_state(lease.state, lease.deadline, now),
+                                     now))
+            else:  # renewed since it was queued: requeue at its new deadline (one sift)
+                heapq.heapreplace(heap, (lease.deadline, seq, lease))
         self._prune(now)
         return out
 

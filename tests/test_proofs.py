@@ -16,7 +16,7 @@ import z3
 import leaseproto._rules as rules
 from leaseproto import cli
 from leaseproto._state import TRANSITIONS, Guard, Input, LeaseState, Transition
-from leaseproto._sym import conj, ite, vmin
+from leaseproto._sym import conj, ite, vmax, vmin
 from proofs import check, counterexamples
 
 SPEC_IDS = {f"I{k}" for k in range(1, 13)}
@@ -92,7 +92,7 @@ def test_cli_prove_exit_codes() -> None:
 
 def test_cli_prove_fails_on_a_broken_rule(monkeypatch: pytest.MonkeyPatch,
                                           capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(rules, "renew_deadline", _assigning_renewal)
+    monkeypatch.setattr(rules, "renew_rule", _assigning_renewal)
     assert cli.main(["prove", "--only", "I1"]) == 1
     out = capsys.readouterr().out
     assert "FAIL [lease] I1 holds across renew" in out
@@ -101,28 +101,41 @@ def test_cli_prove_fails_on_a_broken_rule(monkeypatch: pytest.MonkeyPatch,
 
 
 # -- mutations: patch a rule in memory, the proofs must fail naming the invariant ----------
-def _assigning_renewal(state: Any, deadline: Any, cap_at: Any, now: Any, extension: Any) -> Any:
+# The runtime and the proofs both call rules.renew_rule; renew_applies and
+# renew_deadline are its halves. Patching renew_rule breaks both at once.
+def _assigning_renewal(state: Any, deadline: Any, cap_at: Any, now: Any,
+                       extension: Any) -> tuple[Any, Any]:
+    applies = conj(state == rules.GRANTED, now < deadline)
     target = now + extension if cap_at is None else vmin(now + extension, cap_at)
-    return ite(rules.renew_applies(state, deadline, now), target, deadline)
+    return applies, ite(applies, target, deadline)
 
 
-def _uncapped_renewal(state: Any, deadline: Any, cap_at: Any, now: Any, extension: Any) -> Any:
-    return ite(rules.renew_applies(state, deadline, now), now + extension, deadline)
+def _uncapped_renewal(state: Any, deadline: Any, cap_at: Any, now: Any,
+                      extension: Any) -> tuple[Any, Any]:
+    applies = conj(state == rules.GRANTED, now < deadline)
+    return applies, ite(applies, vmax(deadline, now + extension), deadline)
+
+
+def _renewal_ignoring_state(state: Any, deadline: Any, cap_at: Any, now: Any,
+                            extension: Any) -> tuple[Any, Any]:
+    applies = now < deadline
+    target = now + extension if cap_at is None else vmin(now + extension, cap_at)
+    return applies, ite(applies, vmax(deadline, target), deadline)
 
 
 def _revive(mp: pytest.MonkeyPatch) -> None:
     mp.setitem(TRANSITIONS, (LeaseState.EXPIRED, Input.RECV_HEARTBEAT),
                Transition(LeaseState.GRANTED, Guard.LIVE, "revive"))
-    mp.setattr(rules, "renew_applies", lambda state, deadline, now: now < deadline)
+    mp.setattr(rules, "renew_rule", _renewal_ignoring_state)
 
 
 MUTATIONS: dict[str, tuple[Any, str, str]] = {
     "renewal assigns instead of max": (
-        lambda mp: mp.setattr(rules, "renew_deadline", _assigning_renewal),
+        lambda mp: mp.setattr(rules, "renew_rule", _assigning_renewal),
         "I1", "I1 holds across renew"),
     "renewal revives an ended lease": (_revive, "I2", "I2 holds across renew"),
     "renewal applies to ended leases": (
-        lambda mp: mp.setattr(rules, "renew_applies", lambda state, deadline, now: now < deadline),
+        lambda mp: mp.setattr(rules, "renew_rule", _renewal_ignoring_state),
         "I2", "I2 holds across renew"),
     "expire uses < instead of <=": (
         lambda mp: mp.setattr(rules, "expire_due",
@@ -137,7 +150,7 @@ MUTATIONS: dict[str, tuple[Any, str, str]] = {
         lambda mp: mp.setattr(rules, "grant_deadline", lambda now, ttl: now + 2 * ttl),
         "I5", "I5 preserved by grant"),
     "renewal ignores the cap": (
-        lambda mp: mp.setattr(rules, "renew_deadline", _uncapped_renewal),
+        lambda mp: mp.setattr(rules, "renew_rule", _uncapped_renewal),
         "I7", "I7 preserved by renew"),
     "transfer completes one notification early": (
         lambda mp: mp.setattr(rules, "transfer_is_last",
@@ -185,3 +198,17 @@ def test_timing_needs_t2(monkeypatch: pytest.MonkeyPatch) -> None:
     status, out = run_check(only="I8", system="timing")
     assert status == 1
     assert "FAIL [timing] L7 preserved by p_recv" in out
+
+
+def test_the_runtime_executes_the_patched_rule_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The proofs and LeaseTable call the same function: a mutation the proofs
+    catch above changes the runtime's behaviour the same way."""
+    from leaseproto import LeaseTable
+
+    t = LeaseTable()
+    t.grant("a", now=0.0)
+    t.renew(["a"], now=5.0)
+    assert t.deadline("a") == 30.0  # max(30, 25)
+    monkeypatch.setattr(rules, "renew_rule", _assigning_renewal)
+    t.renew(["a"], now=6.0)
+    assert t.deadline("a") == 26.0  # the broken rule shortened it: I1 violated at runtime
