@@ -123,9 +123,10 @@ def test_a_broken_renewal_rule_fails_the_scenarios(monkeypatch: pytest.MonkeyPat
     """The replays drive the real rules: make renewal assign instead of taking the max
     (breaking I1) and the hand-written expectations catch it."""
     def assign(state: int, deadline: float, cap_at: float | None, now: float,
-               extension: float) -> float:
-        return _rules.ite(_rules.renew_applies(state, deadline, now), now + extension, deadline)
-    monkeypatch.setattr(_rules, "renew_deadline", assign)
+               extension: float) -> tuple[bool, float]:
+        applies = state == _rules.GRANTED and now < deadline
+        return applies, (now + extension if applies else deadline)
+    monkeypatch.setattr(_rules, "renew_rule", assign)
     result = replay_text((SCENARIOS / "normal.jsonl").read_text())
     assert result.expects_failed >= 1
     assert any("EXPECT FAILED" in e.text and "deadline of cmpl-1" in e.text
