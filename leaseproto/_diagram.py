@@ -81,11 +81,20 @@ def _layers(table: Table) -> list[list[LeaseState]] | None:
     return layers
 
 
+_INPUT_ORDER = {inp: i for i, inp in enumerate(Input)}
+
+
+def _rows(table: Table) -> list[tuple[tuple[LeaseState, Input], Transition]]:
+    """The rows in canonical order (state, then input as declared), so the
+    pictures do not depend on the dict's insertion order."""
+    return sorted(table.items(), key=lambda row: (row[0][0], _INPUT_ORDER[row[0][1]]))
+
+
 def lease_ascii(table: Table = TRANSITIONS) -> str:
     """P's per-lease state machine as an ASCII diagram (edges that change the
     state), followed by the inputs that leave each state where it is."""
     layers = _layers(table)
-    edges = [(src, inp, t) for (src, inp), t in table.items() if t.target != src]
+    edges = [(src, inp, t) for (src, inp), t in _rows(table) if t.target != src]
     out: list[str] = []
     if layers is None:  # not a layered fan-out: list the edges instead
         out.extend(f"{src.name} --{inp.value}"
@@ -165,10 +174,10 @@ def _draw_layers(layers: list[list[LeaseState]],
 
 
 def lease_table_markdown(table: Table = TRANSITIONS) -> str:
-    """Every row of the table, in table order, as a Markdown table."""
+    """Every row of the table, by state then input, as a Markdown table."""
     rows = ["| state | input | guard | next state | effect |",
             "|---|---|---|---|---|"]
-    for (src, inp), t in table.items():
+    for (src, inp), t in _rows(table):
         guard = "always" if t.guard is Guard.ALWAYS else f"`{t.guard.value}`"
         rows.append(f"| {src.name} | `{inp.value}` | {guard} | {t.target.name} | {t.effect} |")
     return "\n".join(rows) + "\n"
@@ -177,7 +186,7 @@ def lease_table_markdown(table: Table = TRANSITIONS) -> str:
 def lease_mermaid(table: Table = TRANSITIONS) -> str:
     """The same machine as a Mermaid ``stateDiagram-v2`` (state-changing edges)."""
     out = ["stateDiagram-v2", f"    [*] --> {LeaseState.ABSENT.name}"]
-    for (src, inp), t in table.items():
+    for (src, inp), t in _rows(table):
         if t.target == src:
             continue
         guard = "" if t.guard is Guard.ALWAYS else f" [{t.guard.value}]"
