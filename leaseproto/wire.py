@@ -17,6 +17,7 @@ and nothing else, whatever the bytes.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Union
@@ -48,6 +49,8 @@ HEARTBEAT_PREFIX = b"HB:"
 ABORT_PREFIX = b"AB:"
 NACK_PREFIX = b"NK:"
 _RESERVED = (HEARTBEAT_PREFIX, ABORT_PREFIX, NACK_PREFIX)
+#: C0 control characters and DEL, which no id may contain.
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
 #: Longest request id, in UTF-8 bytes.
 MAX_ID_BYTES = 512
 #: Largest count a transfer-done may carry.
@@ -100,7 +103,7 @@ def _id_problem(req_id: object) -> str | None:
         return "request id is empty"
     if "," in req_id:
         return f"request id {req_id!r} contains ','"
-    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in req_id):
+    if _CONTROL.search(req_id) is not None:
         return f"request id {req_id!r} contains a control character"
     try:
         raw = req_id.encode("utf-8")
