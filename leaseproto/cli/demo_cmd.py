@@ -25,13 +25,13 @@ def register(sub: Any) -> None:
                    help="initial lease (default 3 s: a compressed timescale)")
     p.add_argument("--max-running", type=int, default=2,
                    help="requests D decodes at once (default 2)")
-    p.add_argument("--first-wave", type=int, default=10,
-                   help="requests in the first wave of a surge (default 10)")
+    p.add_argument("--first-wave", type=int, default=16,
+                   help="requests in the first wave of a surge (default 16)")
     p.add_argument("--waves", type=int, default=5, help="later waves, one a second (default 5)")
     p.add_argument("--wave", type=int, default=4, help="requests per later wave (default 4)")
     p.add_argument("--max-tokens", type=int, default=12, help="tokens to decode per request")
-    p.add_argument("--step-time", type=float, default=0.05, metavar="SECONDS",
-                   help="modelled forward-pass time of one decode step (default 0.05)")
+    p.add_argument("--step-time", type=float, default=0.08, metavar="SECONDS",
+                   help="modelled forward-pass time of one decode step (default 0.08)")
     p.add_argument("--json", metavar="FILE", default=None,
                    help="also write the figures of every phase as JSON")
     p.add_argument("--log-dir", default=None,

@@ -119,10 +119,14 @@ def run(args: argparse.Namespace) -> int:
                                  max_notification_bytes=args.max_notification_bytes)
             if args.role == "prefill":
                 from ..workers.prefill import PrefillOptions, PrefillWorker  # noqa: PLC0415
-                worker = PrefillWorker(PrefillOptions.from_args(args, config, metrics_port))
+                worker = PrefillWorker(PrefillOptions.from_args(
+                    args, config, metrics_port, engine_id=args.engine_id))
             else:
                 from ..workers.decode_state import DecodeOptions  # noqa: PLC0415
-                opts = DecodeOptions.from_args(args, config, metrics_port)
+                opts = DecodeOptions.from_args(
+                    args, config, metrics_port, max_running=args.max_running,
+                    step_time=args.step_time, on_kv_loss=args.on_kv_loss,
+                    followers=list(args.follower))
                 if opts.rank == 0:
                     from ..workers.decode import DecodeWorker  # noqa: PLC0415
                     worker = DecodeWorker(opts)

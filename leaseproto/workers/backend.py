@@ -22,7 +22,8 @@ from ..adapters.xfer import Transfer, XferDescs, XferState
 from .model import TinyDecoder
 
 if TYPE_CHECKING:
-    from .decode_state import DecodeOptions, RankParams
+    from .decode_state import RankParams
+    from .loop import RankOptions
 
 __all__ = ["KVBackend", "head_range", "reference_tokens", "vocab_size"]
 
@@ -53,28 +54,20 @@ def reference_tokens(prompt: Sequence[int], max_tokens: int, *, seed: int = 0,
 class KVBackend:
     """Endpoint + pool + model of one rank."""
 
-    def __init__(self, *, agent_name: str, host: str, nixl_port: int, rank: int, tp: int,
-                 device: str, num_blocks: int, block_size: int, seed: int,
-                 full_heads: bool = False) -> None:
-        self.model = TinyDecoder(seed=seed, device=device)
+    def __init__(self, opts: RankOptions, *, agent_name: str, full_heads: bool = False
+                 ) -> None:
+        """``full_heads``: hold every head (decode rank 0, which runs the model),
+        not just this rank's share."""
+        self.model = TinyDecoder(seed=opts.model_seed, device=opts.device)
         cfg = self.model.config
-        self.rank_heads = head_range(rank, tp, cfg.num_heads)
+        self.rank_heads = head_range(opts.rank, opts.tp, cfg.num_heads)
         h0, h1 = (0, cfg.num_heads) if full_heads else self.rank_heads
-        self.pool = self.model.make_pool(num_blocks, block_size, head_start=h0,
-                                         num_heads=h1 - h0, device=device)
+        self.pool = self.model.make_pool(opts.num_blocks, opts.block_size, head_start=h0,
+                                         num_heads=h1 - h0, device=opts.device)
         self.agent_name = agent_name
-        self.nixl_port = nixl_port or free_port(host)
-        self.endpoint = NixlEndpoint(agent_name, host=host, port=self.nixl_port)
+        self.nixl_port = opts.nixl_port or free_port(opts.host)
+        self.endpoint = NixlEndpoint(agent_name, host=opts.host, port=self.nixl_port)
         self.pool.register_with(self.endpoint)  # before anyone connects
-
-    @classmethod
-    def for_decode(cls, opts: DecodeOptions, *, full_heads: bool) -> KVBackend:
-        import secrets  # noqa: PLC0415 - only decode ranks name themselves here
-
-        return cls(agent_name=f"decode-r{opts.rank}-{secrets.token_hex(3)}", host=opts.host,
-                   nixl_port=opts.nixl_port, rank=opts.rank, tp=opts.tp, device=opts.device,
-                   num_blocks=opts.num_blocks, block_size=opts.block_size,
-                   seed=opts.model_seed, full_heads=full_heads)
 
     # -- transport (the endpoint never raises transport errors) ----------------------------
     def connect(self, agent: str, host: str, port: int) -> None:

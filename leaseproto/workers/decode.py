@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import math
+import secrets
 import time
 from collections import deque
 from typing import Any
@@ -37,9 +38,11 @@ from .. import wire
 from .._tracker import HeartbeatTracker
 from ..adapters.kv_pool import LayoutError
 from .backend import KVBackend
+from .decode_follower import Followers
 from .decode_state import DecodeOptions, Engine, Req
+from .loop import EngineLoop
 from .metrics import DecodeMetrics, stats_dict
-from .plane import Msg, Peer, Server
+from .plane import Msg, Server
 
 __all__ = ["DecodeOptions", "DecodeWorker"]
 
@@ -48,18 +51,19 @@ log = logging.getLogger("leaseproto.decode")
 _IDLE_WAIT_S = 0.005
 
 
-class DecodeWorker:
-    """A decode rank: rank 0 schedules and decodes; other ranks follow."""
+class DecodeWorker(EngineLoop):
+    """Decode rank 0: schedules, heartbeats and decodes."""
 
     def __init__(self, opts: DecodeOptions) -> None:
         opts.validate()
         self.opts = opts
         self.config = opts.config
         self.tracker = HeartbeatTracker(opts.config)
-        self.backend = KVBackend.for_decode(opts, full_heads=True)
+        self.backend = KVBackend(opts, agent_name=f"decode-r0-{secrets.token_hex(3)}",
+                                 full_heads=True)
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self.server = Server(self.ctx, opts.host, opts.port)
-        self.followers = [Peer(self.ctx, a) for a in opts.followers]
+        self.followers = Followers(self.ctx, opts.followers)
         self.metrics = DecodeMetrics()
         if opts.metrics_port is not None:
             self.metrics.serve(opts.host, opts.metrics_port)
@@ -69,14 +73,16 @@ class DecodeWorker:
         self.engines: dict[str, Engine] = {}
         self.counts = {"completed": 0, "recomputed": 0, "failed": 0, "nacks": 0,
                        "nack_after_answer": 0, "malformed": 0, "heartbeats_sent": 0,
-                       "engines_dropped": 0}
-        self._stop = False
+                       "engines_dropped": 0, "late_first_heartbeats": 0}
         self._now = -math.inf
 
     def ready_info(self) -> dict[str, Any]:
         return {"role": "decode", "host": self.opts.host, "port": self.server.port,
                 "metrics_port": self.metrics.port, "nixl_port": self.backend.nixl_port,
                 "agent": self.backend.agent_name, "rank": 0, "tp": self.opts.tp}
+
+    def pong(self) -> Msg:
+        return {"role": "decode", "tp": self.opts.tp, "agent": self.backend.agent_name}
 
     def _clock(self) -> float:
         self._now = max(self._now, time.monotonic())
@@ -87,15 +93,7 @@ class DecodeWorker:
         op = msg["op"]
         if op == "decode":
             self._intake(envelope, msg)
-        elif op == "ping":
-            self.server.reply(envelope, {"op": "pong", "role": "decode", "tp": self.opts.tp,
-                                         "agent": self.backend.agent_name})
-        elif op == "stats":
-            self.server.reply(envelope, self.stats())
-        elif op == "stop":
-            self.server.reply(envelope, {"op": "stopping"})
-            self._stop = True
-        else:
+        elif not self.common_op(envelope, msg):
             self._malformed(f"unknown op {op!r}")
             self.server.reply(envelope, {"op": "error", "error": f"unknown op {op!r}"})
 
@@ -138,8 +136,7 @@ class DecodeWorker:
             self.engines[req.engine_id] = engine
             for rank in req.ranks:
                 self.backend.connect(rank.agent, rank.host, rank.nixl_port)
-            for f in self.followers:
-                f.send({"op": "connect", "ranks": [r.as_msg() for r in req.ranks]})
+            self.followers.connect(req.ranks)
             log.info("handshake started with P engine %s (%d ranks)", req.engine_id,
                      len(req.ranks))
         return engine
@@ -167,6 +164,7 @@ class DecodeWorker:
         if engine is None or engine.lost:
             return
         payloads = wire.encode_heartbeat(ids, max_bytes=self.config.max_notification_bytes)
+        self._check_first_heartbeats(ids)
         for agent in engine.agents:  # every P rank holds a shard under its own lease
             for payload in payloads:
                 if not self.backend.send(agent, payload):
@@ -176,6 +174,18 @@ class DecodeWorker:
                 self.counts["heartbeats_sent"] += 1
                 self.metrics.heartbeats.inc()
         self.metrics.heartbeat_ids.inc(len(ids))
+
+    def _check_first_heartbeats(self, remote_ids: list[str]) -> None:
+        """Warn when a first heartbeat leaves after the initial lease ran out
+        (timing condition T1 broken: P may have freed the blocks already)."""
+        now = self._clock()
+        for rid in remote_ids:
+            req = self.by_remote.get(rid)
+            late = None if req is None else req.first_heartbeat(now)
+            if req is not None and late is not None:
+                self.counts["late_first_heartbeats"] += 1
+                log.warning("first heartbeat for req %s sent %.2f s after its initial lease "
+                            "ran out: P may already have freed its blocks", req.req_id, late)
 
     def _peer_lost(self, agent: str, reason: str) -> None:
         for engine in self.engines.values():
@@ -277,10 +287,10 @@ class DecodeWorker:
             return
         for rank, local, remote in plan:
             req.transfers.append(self.backend.read(rank.agent, local, remote, notif_msg=notif))
-        for i, f in enumerate(self.followers, start=1):
-            req.followers_pending.add(i)
-            f.send({"op": "read", "req_id": req.req_id, "remote_req_id": req.remote_req_id,
-                    "num_tokens": req.num_tokens, "ranks": [r.as_msg() for r in req.ranks]})
+        req.followers_pending.update(self.followers.ranks)
+        refused = self.followers.read(req)
+        if refused is not None:
+            self._kv_lost(req, f"decode rank {refused} is not taking requests")
 
     def _reads_progress(self) -> None:
         for req in list(self.running.values()):
@@ -302,7 +312,14 @@ class DecodeWorker:
                 req.kv_in = True
                 req.state = "decoding"
 
-    def _from_follower(self, rank: int, msg: Msg) -> None:
+    def _from_follower(self, rank: int, msg: Msg | None) -> None:
+        if msg is None:
+            log.error("decode rank %d disconnected: requests reading through it fail over",
+                      rank)
+            for r in list(self.running.values()):
+                if rank in r.followers_pending:
+                    self._kv_lost(r, f"decode rank {rank} disconnected")
+            return
         op = msg.get("op")
         req = self.running.get(str(msg.get("req_id")))
         if op == "read_done" and req is not None and rank in req.followers_pending:
@@ -322,12 +339,6 @@ class DecodeWorker:
             self._nack(str(msg.get("remote_req_id")), str(msg.get("reason")), f"rank {rank}")
         elif op == "peer_lost":
             self._peer_lost(str(msg.get("agent")), str(msg.get("reason")))
-
-    def _follower_lost(self, rank: int) -> None:
-        log.error("decode rank %d disconnected: requests reading through it fail over", rank)
-        for req in list(self.running.values()):
-            if rank in req.followers_pending:
-                self._kv_lost(req, f"decode rank {rank} disconnected")
 
     def compute(self) -> None:
         """One decode step of the running set. The model produces a request's
@@ -369,7 +380,7 @@ class DecodeWorker:
                                          "recomputed": req.recompute})
 
     def stats(self) -> Msg:
-        return {"op": "stats", "role": "decode", "waiting": len(self.waiting),
+        return {"role": "decode", "waiting": len(self.waiting),
                 "running": len(self.running), "tracked": len(self.tracker),
                 "blocks_free": self.backend.num_free, **self.counts,
                 "tracker": stats_dict(self.tracker.stats)}
@@ -384,11 +395,8 @@ class DecodeWorker:
         if self.server.bad:
             self._malformed(f"{self.server.bad} unparsable request-plane messages")
             self.server.bad = 0
-        for i, f in enumerate(self.followers, start=1):
-            while (msg := f.recv()) is not None:
-                self._from_follower(i, msg)
-            if f.disconnected():
-                self._follower_lost(i)
+        for rank, msg in self.followers.poll():
+            self._from_follower(rank, msg)
         self.lease_step()
         self._reads_progress()
         self.schedule()
@@ -399,23 +407,14 @@ class DecodeWorker:
         if len(self.by_remote) > 4 * (len(self.waiting) + len(self.running)) + 1024:
             self.by_remote = {k: r for k, r in self.by_remote.items() if not r.done}
 
-    def run(self) -> None:
-        log.info("decode rank 0/%d serving on %s:%d (NIXL %d, agent %s, policy %s, "
-                 "max running %d)", self.opts.tp, self.opts.host, self.server.port,
-                 self.backend.nixl_port, self.backend.agent_name, self.opts.policy,
-                 self.opts.max_running)
-        try:
-            while not self._stop:
-                self.step()
-        finally:
-            self.close()
-
-    def stop(self) -> None:
-        self._stop = True
+    def describe(self) -> str:
+        o = self.opts
+        return (f"decode rank 0/{o.tp} serving on {o.host}:{self.server.port} (NIXL "
+                f"{self.backend.nixl_port}, agent {self.backend.agent_name}, policy "
+                f"{o.policy}, max running {o.max_running})")
 
     def close(self) -> None:
-        for f in self.followers:
-            f.close()
+        self.followers.close()
         self.server.close()
         self.backend.close()
         self.ctx.term()

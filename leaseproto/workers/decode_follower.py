@@ -15,6 +15,7 @@ rank's heads and answers ``read_done {req_id, kv}`` (the shard's bytes) or
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,16 +25,58 @@ import zmq
 from .. import wire
 from ..adapters.xfer import Transfer
 from .backend import KVBackend
-from .decode_state import DecodeOptions, RankParams
+from .decode_state import DecodeOptions, RankParams, Req
+from .loop import EngineLoop
 from .metrics import DecodeMetrics
-from .plane import Msg, Server
+from .plane import Msg, Peer, Server
 
-__all__ = ["DecodeFollower"]
+__all__ = ["DecodeFollower", "Followers"]
 
 log = logging.getLogger("leaseproto.decode")
 
 #: Seconds a READ may stay in progress before it counts as failed.
 _READ_TIMEOUT_S = 30.0
+
+
+class Followers:
+    """Rank 0's links to ranks 1, 2, ... (in rank order)."""
+
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], addresses: list[str]) -> None:
+        self.peers = [Peer(ctx, a) for a in addresses]
+
+    @property
+    def ranks(self) -> range:
+        return range(1, len(self.peers) + 1)
+
+    def connect(self, ranks: list[RankParams]) -> None:
+        """Start every follower's handshake with these P ranks."""
+        for peer in self.peers:
+            peer.send({"op": "connect", "ranks": [r.as_msg() for r in ranks]})
+
+    def read(self, req: Req) -> int | None:
+        """Ask every follower to read its heads of ``req``; the first rank
+        that cannot take the request, or None."""
+        msg = {"op": "read", "req_id": req.req_id, "remote_req_id": req.remote_req_id,
+               "num_tokens": req.num_tokens, "ranks": [r.as_msg() for r in req.ranks]}
+        for rank, peer in zip(self.ranks, self.peers, strict=True):
+            if not peer.send(msg):
+                return rank
+        return None
+
+    def poll(self) -> list[tuple[int, Msg | None]]:
+        """Answers from the followers as ``(rank, message)``; ``None`` for a
+        follower whose connection dropped."""
+        out: list[tuple[int, Msg | None]] = []
+        for rank, peer in zip(self.ranks, self.peers, strict=True):
+            while (msg := peer.recv()) is not None:
+                out.append((rank, msg))
+            if peer.disconnected():
+                out.append((rank, None))
+        return out
+
+    def close(self) -> None:
+        for peer in self.peers:
+            peer.close()
 
 
 @dataclass
@@ -46,13 +89,13 @@ class _Read:
     transfers: list[Transfer] = field(default_factory=list)
 
 
-class DecodeFollower:
+class DecodeFollower(EngineLoop):
     """Decode rank ``rank`` > 0 of a ``tp``-rank engine."""
 
     def __init__(self, opts: DecodeOptions) -> None:
         opts.validate()
         self.opts = opts
-        self.backend = KVBackend.for_decode(opts, full_heads=False)
+        self.backend = KVBackend(opts, agent_name=f"decode-r{opts.rank}-{secrets.token_hex(3)}")
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self.server = Server(self.ctx, opts.host, opts.port)
         self.metrics = DecodeMetrics()
@@ -62,12 +105,18 @@ class DecodeFollower:
         self.waiting: list[tuple[list[bytes], Msg]] = []  # reads waiting for blocks
         self.leader: list[bytes] | None = None
         self.counts = {"reads_done": 0, "reads_failed": 0, "nacks": 0, "malformed": 0}
-        self._stop = False
 
     def ready_info(self) -> dict[str, Any]:
         return {"role": "decode", "host": self.opts.host, "port": self.server.port,
                 "metrics_port": self.metrics.port, "nixl_port": self.backend.nixl_port,
                 "agent": self.backend.agent_name, "rank": self.opts.rank, "tp": self.opts.tp}
+
+    def pong(self) -> Msg:
+        return {"role": "decode", "rank": self.opts.rank, "tp": self.opts.tp}
+
+    def stats(self) -> Msg:
+        return {"role": "decode", "rank": self.opts.rank, "reads": len(self.reads),
+                "blocks_free": self.backend.num_free, **self.counts}
 
     def _to_leader(self, msg: Msg) -> None:
         if self.leader is not None:
@@ -83,18 +132,7 @@ class DecodeFollower:
                     self.backend.connect(rank.agent, rank.host, rank.nixl_port)
             elif op == "read":
                 self.waiting.append((envelope, msg))
-            elif op == "ping":
-                self.server.reply(envelope, {"op": "pong", "role": "decode",
-                                             "rank": self.opts.rank, "tp": self.opts.tp})
-            elif op == "stats":
-                self.server.reply(envelope, {"op": "stats", "role": "decode",
-                                             "rank": self.opts.rank, "reads": len(self.reads),
-                                             "blocks_free": self.backend.num_free,
-                                             **self.counts})
-            elif op == "stop":
-                self.server.reply(envelope, {"op": "stopping"})
-                self._stop = True
-            else:
+            elif not self.common_op(envelope, msg):
                 raise ValueError(f"unknown op {op!r}")
         except (ValueError, TypeError) as exc:
             self.counts["malformed"] += 1
@@ -186,18 +224,10 @@ class DecodeFollower:
         self._start()
         self._progress()
 
-    def run(self) -> None:
-        log.info("decode rank %d/%d serving on %s:%d (NIXL %d, agent %s)", self.opts.rank,
-                 self.opts.tp, self.opts.host, self.server.port, self.backend.nixl_port,
-                 self.backend.agent_name)
-        try:
-            while not self._stop:
-                self.step()
-        finally:
-            self.close()
-
-    def stop(self) -> None:
-        self._stop = True
+    def describe(self) -> str:
+        o = self.opts
+        return (f"decode rank {o.rank}/{o.tp} serving on {o.host}:{self.server.port} (NIXL "
+                f"{self.backend.nixl_port}, agent {self.backend.agent_name})")
 
     def close(self) -> None:
         self.server.close()

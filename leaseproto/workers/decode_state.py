@@ -6,54 +6,28 @@ into a clear error answer, never a crash).
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass, field
 from typing import Any
 
 from .. import wire
-from .._config import LeaseConfig
 from ..adapters.xfer import Transfer
+from .loop import RankOptions
 
 __all__ = ["DecodeOptions", "Engine", "RankParams", "Req"]
 
 
 @dataclass
-class DecodeOptions:
-    config: LeaseConfig
-    host: str = "127.0.0.1"
-    port: int = 0
-    metrics_port: int | None = 0
-    nixl_port: int = 0
-    rank: int = 0
-    tp: int = 1
-    device: str = "cpu"
-    num_blocks: int = 256
-    block_size: int = 4
-    model_seed: int = 0
-    policy: str = "lease"
+class DecodeOptions(RankOptions):
     max_running: int = 4
     step_time: float = 0.0
     on_kv_loss: str = "recompute"
     followers: list[str] = field(default_factory=list)
 
-    @classmethod
-    def from_args(cls, args: argparse.Namespace, config: LeaseConfig,
-                  metrics_port: int | None) -> DecodeOptions:
-        return cls(config=config, host=args.host, port=args.port, metrics_port=metrics_port,
-                   nixl_port=args.nixl_port, rank=args.rank, tp=args.tp, device=args.device,
-                   num_blocks=args.num_blocks, block_size=args.block_size,
-                   model_seed=args.model_seed, policy=args.policy,
-                   max_running=args.max_running, step_time=args.step_time,
-                   on_kv_loss=args.on_kv_loss, followers=list(args.follower))
-
     def validate(self) -> None:
-        if self.policy not in ("lease", "fixed"):
-            raise ValueError(f"policy must be 'lease' or 'fixed', got {self.policy!r}")
+        self.check()
         if self.on_kv_loss not in ("recompute", "error"):
             raise ValueError(f"on_kv_loss must be 'recompute' or 'error', got "
                              f"{self.on_kv_loss!r}")
-        if not 0 <= self.rank < self.tp:
-            raise ValueError(f"rank {self.rank} is not in 0..{self.tp - 1}")
         if self.rank == 0 and len(self.followers) != self.tp - 1:
             raise ValueError(f"rank 0 of a {self.tp}-rank decode engine needs {self.tp - 1} "
                              f"--follower addresses, got {len(self.followers)}")
@@ -152,6 +126,18 @@ class Req:
     #: the output, once the model has run
     tokens: list[int] = field(default_factory=list)
     steps_left: int = 0
+    first_heartbeat_sent: bool = False
+
+    def first_heartbeat(self, now: float) -> float | None:
+        """Note the first heartbeat for this request; how long after the
+        initial lease ran out it leaves (P reported the lease left as a
+        duration, anchored here at our receipt), or None if in time or not
+        the first."""
+        if self.first_heartbeat_sent:
+            return None
+        self.first_heartbeat_sent = True
+        late = now - (self.arrived + min(r.lease_remaining for r in self.ranks))
+        return late if late > 0 else None
     transfers: list[Transfer] = field(default_factory=list)
     followers_pending: set[int] = field(default_factory=set)
 

@@ -39,14 +39,14 @@ class DemoSettings:
     device: str = "cpu"
     kv_lease_duration: float = 3.0
     #: requests in the first wave of a surge, then ``wave`` more per second
-    first_wave: int = 10
+    first_wave: int = 16
     waves: int = 5
     wave: int = 4
     max_tokens: int = 12
     prompt_len: int = 10
     max_running: int = 2
     #: modelled forward-pass time of one D step (seconds)
-    d_step_time: float = 0.05
+    d_step_time: float = 0.08
     crash_requests: int = 10
     seed: int = 1
     log_dir: str | None = None
@@ -251,7 +251,7 @@ def run_demo(settings: DemoSettings, *, out: TextIO = sys.stdout,
     progress = _Progress(out)
 
     def reference(prompt: list[int]) -> list[int]:
-        return reference_tokens(prompt, settings.max_tokens)
+        return reference_tokens(prompt, settings.max_tokens, device=settings.device)
 
     n_surge = settings.first_wave + settings.waves * settings.wave
     blocks_per_req = -(-settings.prompt_len // 4)
@@ -264,7 +264,8 @@ def run_demo(settings: DemoSettings, *, out: TextIO = sys.stdout,
               f"once\n")
     t0 = time.monotonic()
     out.write("starting router, prefill and decode workers (lease policy)...\n")
-    with Cluster(_spec(settings, "lease", p_blocks), log_dir=settings.log_dir) as cluster:
+    with Cluster(_spec(settings, "lease", p_blocks), log_dir=_sub(settings, "lease")
+                 ) as cluster:
         r1 = PhaseResult("1 surge", "lease")
         start = time.monotonic()
         _surge(cluster, settings, r1, progress, reference)
@@ -276,7 +277,8 @@ def run_demo(settings: DemoSettings, *, out: TextIO = sys.stdout,
         r2.seconds = time.monotonic() - start
         results.append(r2)
     out.write("restarting the workers with --policy fixed...\n")
-    with Cluster(_spec(settings, "fixed", p_blocks), log_dir=settings.log_dir) as cluster:
+    with Cluster(_spec(settings, "fixed", p_blocks), log_dir=_sub(settings, "fixed")
+                 ) as cluster:
         r3 = PhaseResult("3 surge", "fixed")
         start = time.monotonic()
         _surge(cluster, settings, r3, progress, reference)
@@ -289,6 +291,10 @@ def run_demo(settings: DemoSettings, *, out: TextIO = sys.stdout,
                           "lease_extension": settings.lease_extension},
              "phases": [asdict(r) for r in results]}, indent=2))
     return results
+
+
+def _sub(settings: DemoSettings, name: str) -> Path | None:
+    return None if settings.log_dir is None else Path(settings.log_dir) / name
 
 
 def _table(results: list[PhaseResult]) -> str:

@@ -132,8 +132,14 @@ class Peer:
         self.drops = 0
         self.bad = 0
 
-    def send(self, msg: Msg) -> None:
-        self.sock.send(encode(msg))
+    def send(self, msg: Msg) -> bool:
+        """Queue ``msg`` without blocking; False when the queue to the peer is
+        full (a peer gone for long: ZeroMQ keeps up to its high-water mark)."""
+        try:
+            self.sock.send(encode(msg), zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        return True
 
     def recv(self) -> Msg | None:
         """One pending reply, or ``None``; malformed replies are counted and skipped."""

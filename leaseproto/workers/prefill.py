@@ -22,7 +22,6 @@ ignored and late transfers are only counted and logged, as upstream does.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import math
 import secrets
@@ -34,10 +33,10 @@ from typing import Any
 import zmq
 
 from .. import wire
-from .._config import LeaseConfig
 from .._events import LateTransfer, Release, ReleaseReason
 from .._table import LeaseTable
 from .backend import KVBackend
+from .loop import EngineLoop, RankOptions
 from .metrics import PrefillMetrics, stats_dict
 from .plane import Msg, Server
 
@@ -47,32 +46,13 @@ log = logging.getLogger("leaseproto.prefill")
 
 #: Longest the loop waits for request-plane traffic before polling NIXL again.
 _IDLE_WAIT_S = 0.005
+#: Most prompts prefilled in one loop turn.
+_BATCH = 8
 
 
 @dataclass
-class PrefillOptions:
-    config: LeaseConfig
-    host: str = "127.0.0.1"
-    port: int = 0
-    metrics_port: int | None = 0
-    nixl_port: int = 0
+class PrefillOptions(RankOptions):
     engine_id: str = "prefill-engine"
-    rank: int = 0
-    tp: int = 1
-    device: str = "cpu"
-    num_blocks: int = 256
-    block_size: int = 4
-    model_seed: int = 0
-    policy: str = "lease"
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace, config: LeaseConfig,
-                  metrics_port: int | None) -> PrefillOptions:
-        return cls(config=config, host=args.host, port=args.port, metrics_port=metrics_port,
-                   nixl_port=args.nixl_port, engine_id=args.engine_id, rank=args.rank,
-                   tp=args.tp, device=args.device, num_blocks=args.num_blocks,
-                   block_size=args.block_size, model_seed=args.model_seed,
-                   policy=args.policy)
 
 
 @dataclass
@@ -84,22 +64,16 @@ class _Queued:
     arrived: float
 
 
-class PrefillWorker:
+class PrefillWorker(EngineLoop):
     """One prefill rank (``rank`` of ``tp``) of engine ``engine_id``."""
 
     def __init__(self, opts: PrefillOptions) -> None:
-        if opts.policy not in ("lease", "fixed"):
-            raise ValueError(f"policy must be 'lease' or 'fixed', got {opts.policy!r}")
-        if not 0 <= opts.rank < opts.tp:
-            raise ValueError(f"rank {opts.rank} is not in 0..{opts.tp - 1}")
+        opts.check()
         self.opts = opts
         self.config = opts.config
         self.table = LeaseTable(opts.config)
         self.agent_name = f"{opts.engine_id}-r{opts.rank}-{secrets.token_hex(3)}"
-        self.backend = KVBackend(agent_name=self.agent_name, host=opts.host,
-                                 nixl_port=opts.nixl_port, rank=opts.rank, tp=opts.tp,
-                                 device=opts.device, num_blocks=opts.num_blocks,
-                                 block_size=opts.block_size, seed=opts.model_seed)
+        self.backend = KVBackend(opts, agent_name=self.agent_name)
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self.server = Server(self.ctx, opts.host, opts.port)
         self.metrics = PrefillMetrics()
@@ -109,8 +83,8 @@ class PrefillWorker:
         self.queue: deque[_Queued] = deque()
         self.last_release_at: float | None = None
         self.nacks_sent = 0
+        self.heartbeats_received = 0
         self.malformed = 0
-        self._stop = False
         self._now = -math.inf
         self.metrics.blocks_free.set(self.backend.num_free)
 
@@ -179,6 +153,7 @@ class PrefillWorker:
             return
         now = self._clock()
         if isinstance(msg, wire.Heartbeat):
+            self.heartbeats_received += 1
             self.metrics.heartbeats.inc()
             self.metrics.heartbeat_ids.inc(len(msg.ids))
             if self.opts.policy == "lease":
@@ -237,16 +212,7 @@ class PrefillWorker:
                 rel = self.table.abort(rid, now=self._clock())
                 if rel is not None:
                     self._release(rel)
-        elif op == "ping":
-            self.server.reply(envelope, {"op": "pong", "role": "prefill",
-                                         "engine_id": self.opts.engine_id,
-                                         "rank": self.opts.rank, "tp": self.opts.tp})
-        elif op == "stats":
-            self.server.reply(envelope, self.stats())
-        elif op == "stop":
-            self.server.reply(envelope, {"op": "stopping"})
-            self._stop = True
-        else:
+        elif not self.common_op(envelope, msg):
             self.malformed += 1
             self.metrics.malformed.inc()
             self.server.reply(envelope, {"op": "error", "error": f"unknown op {op!r}"})
@@ -271,14 +237,24 @@ class PrefillWorker:
         return None
 
     def compute(self) -> None:
-        """Prefill queued prompts, oldest first, while blocks are free."""
-        while self.queue:
+        """Prefill queued prompts, oldest first, while blocks are free; at most
+        :data:`_BATCH` per step, so the lease step is never far away (S_P)."""
+        for _ in range(_BATCH):
+            if not self.queue:
+                return
             q = self.queue[0]
             blocks = self.backend.alloc_for(len(q.prompt))
             if blocks is None:
                 return  # wait for leases to end
             self.queue.popleft()
-            first = self.backend.prefill(q.prompt, blocks)
+            try:
+                first = self.backend.prefill(q.prompt, blocks)
+            except ValueError as exc:  # checked at intake; never let it stop the loop
+                self.backend.free(blocks)
+                log.error("prefill of req %s failed: %s", q.req_id, exc)
+                self.server.reply(q.envelope, {"op": "error", "req_id": q.req_id,
+                                               "error": f"prefill failed: {exc}"})
+                continue
             now = self._clock()
             rel = self.table.grant(q.req_id, now=now, consumers=q.consumers)
             self.blocks[q.req_id] = blocks
@@ -286,7 +262,11 @@ class PrefillWorker:
             deadline = self.table.deadline(q.req_id)
             if rel is not None:  # a staged abort / transfer-done completed it already
                 self._release(rel)
-            remaining = 0.0 if deadline is None else deadline - self._clock()
+                self.server.reply(q.envelope, {"op": "error", "req_id": q.req_id,
+                                               "error": f"lease ended at its grant "
+                                                        f"({rel.reason.value})"})
+                continue
+            remaining = 0.0 if deadline is None else deadline - now
             self.server.reply(q.envelope, {
                 "op": "prefilled", "req_id": q.req_id, "engine_id": self.opts.engine_id,
                 "rank": self.opts.rank, "tp": self.opts.tp, "agent": self.agent_name,
@@ -295,15 +275,20 @@ class PrefillWorker:
                 "layout": self.backend.layout(), "lease_remaining": remaining,
                 "consumers": q.consumers})
 
+    def pong(self) -> Msg:
+        return {"role": "prefill", "engine_id": self.opts.engine_id, "rank": self.opts.rank,
+                "tp": self.opts.tp}
+
     def stats(self) -> Msg:
         now = self._clock()
-        return {"op": "stats", "role": "prefill", "rank": self.opts.rank,
+        return {"role": "prefill", "rank": self.opts.rank,
                 "blocks_held": sum(len(b) for b in self.blocks.values()),
                 "blocks_free": self.backend.num_free, "blocks_total": self.opts.num_blocks,
                 "leases_live": len(self.table), "queued": len(self.queue),
                 "since_last_release": (None if self.last_release_at is None
                                        else now - self.last_release_at),
                 "nacks_sent": self.nacks_sent, "malformed": self.malformed,
+                "heartbeats_received": self.heartbeats_received,
                 "table": stats_dict(self.table.stats)}
 
     # -- loop -----------------------------------------------------------------------------
@@ -320,18 +305,11 @@ class PrefillWorker:
         self.compute()
         self.lease_step()
 
-    def run(self) -> None:
-        log.info("prefill rank %d/%d of %s serving on %s:%d (NIXL %d, agent %s, policy %s)",
-                 self.opts.rank, self.opts.tp, self.opts.engine_id, self.opts.host,
-                 self.server.port, self.backend.nixl_port, self.agent_name, self.opts.policy)
-        try:
-            while not self._stop:
-                self.step()
-        finally:
-            self.close()
-
-    def stop(self) -> None:
-        self._stop = True
+    def describe(self) -> str:
+        o = self.opts
+        return (f"prefill rank {o.rank}/{o.tp} of {o.engine_id} serving on {o.host}:"
+                f"{self.server.port} (NIXL {self.backend.nixl_port}, agent {self.agent_name}, "
+                f"policy {o.policy})")
 
     def close(self) -> None:
         self.server.close()

@@ -29,6 +29,7 @@ from typing import Any
 import zmq
 
 from .. import wire
+from .loop import EngineLoop
 from .metrics import RouterMetrics
 from .plane import Msg, Peer, Server
 
@@ -61,7 +62,7 @@ class _Pending:
     prefilled_at: float = 0.0
 
 
-class Router:
+class Router(EngineLoop):
     """Routes each request to the prefill engine, then the decode engine."""
 
     def __init__(self, opts: RouterOptions, *, ctx: zmq.Context[zmq.Socket[bytes]] | None = None
@@ -79,7 +80,6 @@ class Router:
         if opts.metrics_port is not None:
             self.metrics.serve(opts.host, opts.metrics_port)
         self._last_ping = -1e9
-        self._stop = False
 
     # -- readiness ------------------------------------------------------------------------
     def ready_info(self) -> dict[str, Any]:
@@ -107,18 +107,9 @@ class Router:
     # -- client side ----------------------------------------------------------------------
     def _client(self, envelope: list[bytes], msg: Msg, now: float) -> None:
         op = msg["op"]
-        if op == "ping":
-            self.server.reply(envelope, {"op": "pong", "role": "router", "ready": self.ready,
-                                         "metrics_port": self.metrics.port})
-        elif op == "stats":
-            self.server.reply(envelope, {"op": "stats", "role": "router",
-                                         "in_flight": len(self.pending)})
-        elif op == "stop":
-            self.server.reply(envelope, {"op": "stopping"})
-            self._stop = True
-        elif op == "generate":
+        if op == "generate":
             self._generate(envelope, msg, now)
-        else:
+        elif not self.common_op(envelope, msg):
             self.metrics.malformed.inc()
             self.server.reply(envelope, {"op": "error", "error": f"unknown op {op!r}"})
 
@@ -135,8 +126,11 @@ class Router:
                                                   "and max_tokens >= 1"})
             return
         if not self.ready:
+            missing = [f"prefill rank {i}" for i in range(len(self.prefill))
+                       if i not in self.info] + (["decode engine"] if -1 not in self.info
+                                                 else [])
             self.server.reply(envelope, {"op": "result", "id": cid, "ok": False, "tokens": [],
-                                         "error": "router not ready: workers not reachable yet"})
+                                         "error": "not reachable: " + ", ".join(missing)})
             return
         base = str(cid) if cid is not None else "req"
         req_id = f"{base}-{secrets.token_hex(4)}"
@@ -148,9 +142,13 @@ class Router:
             return
         self.pending[req_id] = _Pending(envelope, cid, req_id, prompt, max_tokens, now)
         self.metrics.in_flight.set(len(self.pending))
-        for peer in self.prefill:
-            peer.send({"op": "prefill", "req_id": req_id, "prompt": prompt,
-                       "d_tp": self.d_tp})
+        p = self.pending[req_id]
+        for i, peer in enumerate(self.prefill):
+            if not peer.send({"op": "prefill", "req_id": req_id, "prompt": prompt,
+                              "d_tp": self.d_tp}):
+                self._abort_prefill(p)
+                self._finish(p, now, ok=False, error=f"prefill rank {i} is not taking requests")
+                return
 
     def _finish(self, p: _Pending, now: float, *, ok: bool, tokens: Sequence[int] = (),
                 error: str | None = None, recomputed: bool = False) -> None:
@@ -193,11 +191,14 @@ class Router:
             r["lease_remaining"] = float(r.get("lease_remaining", 0.0)) - (now - r["_recv_at"])
             r.pop("_recv_at", None)
             ranks.append(r)
-        self.decode.send({"op": "decode", "req_id": p.req_id, "prompt": p.prompt,
-                          "max_tokens": p.max_tokens,
-                          "params": {"remote_req_id": p.req_id,
-                                     "engine_id": ranks[0]["engine_id"],
-                                     "p_tp": len(ranks), "ranks": ranks}})
+        sent = self.decode.send({"op": "decode", "req_id": p.req_id, "prompt": p.prompt,
+                                 "max_tokens": p.max_tokens,
+                                 "params": {"remote_req_id": p.req_id,
+                                            "engine_id": ranks[0]["engine_id"],
+                                            "p_tp": len(ranks), "ranks": ranks}})
+        if not sent:  # D will never read it: free P's blocks now rather than at expiry
+            self._abort_prefill(p)
+            self._finish(p, now, ok=False, error="the decode engine is not taking requests")
 
     def _abort_prefill(self, p: _Pending, except_rank: int | None = None) -> None:
         for i, peer in enumerate(self.prefill):
@@ -272,15 +273,15 @@ class Router:
         self._ping_peers(now)
         self._timeouts(now)
 
-    def run(self) -> None:
-        log.info("router listening on %s:%d (prefill %s, decode %s)", self.opts.host,
-                 self.server.port, list(self.opts.prefill), self.opts.decode)
-        while not self._stop:
-            self.step()
-        self.close()
+    def pong(self) -> Msg:
+        return {"role": "router", "ready": self.ready, "metrics_port": self.metrics.port}
 
-    def stop(self) -> None:
-        self._stop = True
+    def stats(self) -> Msg:
+        return {"role": "router", "in_flight": len(self.pending)}
+
+    def describe(self) -> str:
+        return (f"router listening on {self.opts.host}:{self.server.port} (prefill "
+                f"{list(self.opts.prefill)}, decode {self.opts.decode})")
 
     def close(self) -> None:
         for peer in (*self.prefill, self.decode):

@@ -1,0 +1,101 @@
+"""What every worker process shares: the run loop, the options of a rank
+that holds KV, and the request-plane ops every worker answers (``ping``,
+``stats``, ``stop``)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from .._config import LeaseConfig
+from .plane import Msg, Server
+
+__all__ = ["EngineLoop", "RankOptions"]
+
+log = logging.getLogger("leaseproto.workers")
+
+_O = TypeVar("_O", bound="RankOptions")
+
+
+@dataclass
+class RankOptions:
+    """Options of a prefill or decode rank (a process with a KV pool)."""
+
+    config: LeaseConfig
+    host: str = "127.0.0.1"
+    port: int = 0
+    metrics_port: int | None = 0
+    nixl_port: int = 0
+    rank: int = 0
+    tp: int = 1
+    device: str = "cpu"
+    num_blocks: int = 256
+    block_size: int = 4
+    model_seed: int = 0
+    policy: str = "lease"
+
+    @classmethod
+    def from_args(cls: type[_O], args: argparse.Namespace, config: LeaseConfig,
+                  metrics_port: int | None, **extra: Any) -> _O:
+        """From ``leaseproto serve``'s parsed flags; ``extra``: the subclass's fields."""
+        return cls(config=config, host=args.host, port=args.port, metrics_port=metrics_port,
+                   nixl_port=args.nixl_port, rank=args.rank, tp=args.tp, device=args.device,
+                   num_blocks=args.num_blocks, block_size=args.block_size,
+                   model_seed=args.model_seed, policy=args.policy, **extra)
+
+    def check(self) -> None:
+        if self.policy not in ("lease", "fixed"):
+            raise ValueError(f"policy must be 'lease' or 'fixed', got {self.policy!r}")
+        if not 0 <= self.rank < self.tp:
+            raise ValueError(f"rank {self.rank} is not in 0..{self.tp - 1}")
+
+
+class EngineLoop:
+    """A single-threaded engine loop: ``run`` calls ``step`` until ``stop``."""
+
+    server: Server
+    _stop: bool = False
+
+    def step(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        """One line for the log when the loop starts."""
+        raise NotImplementedError
+
+    def pong(self) -> Msg:
+        raise NotImplementedError
+
+    def stats(self) -> Msg:
+        raise NotImplementedError
+
+    def run(self) -> None:
+        log.info("%s", self.describe())
+        try:
+            while not self._stop:
+                self.step()
+        finally:
+            self.close()
+
+    def stop(self) -> None:
+        """Leave the loop after the current step (signal handlers call it)."""
+        self._stop = True
+
+    def common_op(self, envelope: list[bytes], msg: Msg) -> bool:
+        """Answer ``ping``, ``stats`` and ``stop``; False for any other op."""
+        op = msg["op"]
+        if op == "ping":
+            self.server.reply(envelope, {"op": "pong", **self.pong()})
+        elif op == "stats":
+            self.server.reply(envelope, {"op": "stats", **self.stats()})
+        elif op == "stop":
+            self.server.reply(envelope, {"op": "stopping"})
+            self._stop = True
+        else:
+            return False
+        return True
