@@ -58,6 +58,8 @@ def _common(p: argparse.ArgumentParser, *, nixl: bool = True) -> None:
     p.add_argument("--ready-file", default=None, metavar="PATH",
                    help="write the bound ports here as JSON once serving")
     p.add_argument("--log-level", default="INFO")
+    p.add_argument("--exit-with-parent", action="store_true",
+                   help="stop when the process that started this one exits (for launchers)")
 
 
 def register(sub: Any) -> None:
@@ -140,6 +142,8 @@ def run(args: argparse.Namespace) -> int:
     def _stop(signum: int, frame: object) -> None:
         worker.stop()
 
+    if args.exit_with_parent:
+        worker.parent_pid = os.getppid()
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     _write_ready(args.ready_file, worker.ready_info())

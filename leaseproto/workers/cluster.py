@@ -116,7 +116,8 @@ class Cluster:
         self._logs.append(logf)
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         cmd = [sys.executable, "-m", "leaseproto", "serve", *args,
-               "--ready-file", str(ready), "--log-level", self.spec.log_level]
+               "--ready-file", str(ready), "--log-level", self.spec.log_level,
+               "--exit-with-parent"]
         proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env,
                                 stdin=subprocess.DEVNULL)
         return Worker(name, proc, log_path, ready)

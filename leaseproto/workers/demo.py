@@ -253,44 +253,58 @@ def run_demo(settings: DemoSettings, *, out: TextIO = sys.stdout,
     def reference(prompt: list[int]) -> list[int]:
         return reference_tokens(prompt, settings.max_tokens, device=settings.device)
 
-    n_surge = settings.first_wave + settings.waves * settings.wave
-    blocks_per_req = -(-settings.prompt_len // 4)
+    def phase(result: PhaseResult, body: Callable[[PhaseResult], None], intro: str) -> None:
+        out.write(f"phase {result.name}: {intro}\n")
+        start = time.monotonic()
+        body(result)
+        result.seconds = time.monotonic() - start
+        out.write(f"  -> {_verdict(result, settings)}\n")
+        results.append(result)
+
+    n = settings.first_wave + settings.waves * settings.wave
+    surge = (f"{n} requests ({settings.first_wave} at once, then {settings.wave} a second) "
+             f"for a decoder that runs {settings.max_running} at once")
     # P's pool holds one surge (all of it may wait on D at once), and no more
-    p_blocks = n_surge * blocks_per_req + 2
-    results = []
+    p_blocks = n * -(-settings.prompt_len // ClusterSpec.block_size) + 2
+    results: list[PhaseResult] = []
     out.write(f"leaseproto demo: kv_lease_duration {settings.kv_lease_duration:g} s, heartbeat "
               f"every {settings.heartbeat_interval:g} s, lease extension "
-              f"{settings.lease_extension:g} s; D runs {settings.max_running} requests at "
-              f"once\n")
+              f"{settings.lease_extension:g} s, device {settings.device}\n")
     t0 = time.monotonic()
-    out.write("starting router, prefill and decode workers (lease policy)...\n")
+    out.write("starting a router, a prefill and a decode worker (lease policy)...\n")
     with Cluster(_spec(settings, "lease", p_blocks), log_dir=_sub(settings, "lease")
                  ) as cluster:
-        r1 = PhaseResult("1 surge", "lease")
-        start = time.monotonic()
-        _surge(cluster, settings, r1, progress, reference)
-        r1.seconds = time.monotonic() - start
-        results.append(r1)
-        r2 = PhaseResult("2 D SIGKILL", "lease")
-        start = time.monotonic()
-        _crash(cluster, settings, r2, progress)
-        r2.seconds = time.monotonic() - start
-        results.append(r2)
-    out.write("restarting the workers with --policy fixed...\n")
+        phase(PhaseResult("1 surge", "lease"),
+              lambda r: _surge(cluster, settings, r, progress, reference), surge)
+        phase(PhaseResult("2 D SIGKILL", "lease"), lambda r: _crash(cluster, settings, r, progress),
+              f"{settings.crash_requests} requests queued on the decoder, then SIGKILL")
+    out.write("restarting the workers with --policy fixed (fixed timeout, no renewals)...\n")
     with Cluster(_spec(settings, "fixed", p_blocks), log_dir=_sub(settings, "fixed")
                  ) as cluster:
-        r3 = PhaseResult("3 surge", "fixed")
-        start = time.monotonic()
-        _surge(cluster, settings, r3, progress, reference)
-        r3.seconds = time.monotonic() - start
-        results.append(r3)
-    out.write(_table(results) + f"\ntotal {time.monotonic() - t0:.1f} s\n")
+        phase(PhaseResult("3 surge", "fixed"),
+              lambda r: _surge(cluster, settings, r, progress, reference), "the same " + surge)
+    out.write("\n" + _table(results) + f"\ntotal {time.monotonic() - t0:.1f} s\n")
     if json_path is not None:
         Path(json_path).write_text(json.dumps(
             {"settings": {**asdict(settings), "heartbeat_interval": settings.heartbeat_interval,
                           "lease_extension": settings.lease_extension},
              "phases": [asdict(r) for r in results]}, indent=2))
     return results
+
+
+def _verdict(r: PhaseResult, settings: DemoSettings) -> str:
+    if r.reclaim_bound_s is not None:
+        if r.reclaim_s is None:
+            return "no reclaim time measured (" + "; ".join(r.notes) + ")"
+        within = "within" if r.reclaim_s <= r.reclaim_bound_s else "OVER"
+        return (f"P freed every block {r.reclaim_s:.2f} s after the kill ({within} the bound "
+                f"lease_extension + heartbeat_interval = {r.reclaim_bound_s:.2f} s); "
+                f"{r.blocks_leaked} blocks leaked")
+    waited = r.longest_wait_s / settings.kv_lease_duration
+    return (f"{r.identical}/{r.requests} outputs identical to the reference, {r.differing} "
+            f"different, {r.failed} failed; {r.leases_expired} leases expired, "
+            f"{r.late_transfers} late transfer notifications; longest wait "
+            f"{r.longest_wait_s:.1f} s ({waited:.1f} initial leases)")
 
 
 def _sub(settings: DemoSettings, name: str) -> Path | None:

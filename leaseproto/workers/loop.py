@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -57,6 +58,8 @@ class EngineLoop:
 
     server: Server
     _stop: bool = False
+    #: leave the loop when this process's parent is no longer this pid
+    parent_pid: int | None = None
 
     def step(self) -> None:
         raise NotImplementedError
@@ -76,9 +79,15 @@ class EngineLoop:
 
     def run(self) -> None:
         log.info("%s", self.describe())
+        turns = 0
         try:
             while not self._stop:
                 self.step()
+                turns += 1
+                if self.parent_pid is not None and turns % 100 == 0 \
+                        and os.getppid() != self.parent_pid:
+                    log.warning("parent process %d is gone: stopping", self.parent_pid)
+                    break
         finally:
             self.close()
 
