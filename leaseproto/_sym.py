@@ -62,6 +62,10 @@ def vmin(a: T, b: T) -> T:
 # conj/disj/neg are on the runtime's hot path: explicit loops, no helper calls.
 def conj(*conds: bool) -> bool:
     """Logical and of every condition."""
+    if len(conds) == 2:  # the rules' common case
+        a, b = conds
+        if (a is True or a is False) and (b is True or b is False):
+            return a and b
     for c in conds:
         if c is not True and c is not False:
             result: bool = _z3mod().And(*conds)

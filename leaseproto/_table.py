@@ -215,11 +215,12 @@ class LeaseTable:
         """
         self._clock(now)
         ext = self.config.lease_extension
-        leases = self._leases
+        get = self._leases.get
+        rule = R.renew_rule  # looked up per call, so a patched rule takes effect
         c = self._c
         renewed = 0
         for rid in req_ids:
-            lease = leases.get(rid)
+            lease = get(rid)
             if lease is None:
                 ended = self._ended.get(rid)
                 if ended is None:
@@ -229,7 +230,7 @@ class LeaseTable:
                 if lost is not None and ended[0] != R.TRANSFERRED:
                     lost.append(rid)
                 continue
-            applies, deadline = R.renew_rule(lease.state, lease.deadline, lease.cap_at, now, ext)
+            applies, deadline = rule(lease.state, lease.deadline, lease.cap_at, now, ext)
             if not applies:
                 c["renew_lapsed"] += 1
                 if lost is not None:
