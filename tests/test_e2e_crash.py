@@ -55,9 +55,13 @@ def test_decode_sigkill_frees_every_p_block_within_the_bound() -> None:
                 f"{EXTENSION + HEARTBEAT:.2f} s + {SLACK_S} s slack")
             assert after["blocks_free"] == after["blocks_total"]
             assert after["leases_live"] == 0
-            # what D still held lapsed: released by expiry, none by transfer after the kill
-            expired = after["table"]["released_expired"] - before["table"]["released_expired"]
-            assert expired == before["leases_live"]
+            # every lease live just before the kill ended by expiry, or by a transfer
+            # that was already under way
+            t0, t1 = before["table"], after["table"]
+            expired = t1["released_expired"] - t0["released_expired"]
+            transferred = t1["released_transferred"] - t0["released_transferred"]
+            assert expired + transferred == before["leases_live"]
+            assert expired >= before["leases_live"] - 1  # D read one request at a time
             # the router answers the orphaned requests with an error, not silence
             results = client.wait_all(deadline=time.monotonic() + 10.0)
             assert len(results) == n
