@@ -7,10 +7,8 @@ still equals the reference."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
-from e2e_workers import Cluster, p_settled, prompts, reference, spec, wait_for
+from e2e_workers import Cluster, p_settled, prompts, reference, run_batch, spec, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -20,14 +18,7 @@ def test_lapsed_leases_are_nacked_and_recomputed() -> None:
     with Cluster(spec(kv_lease_duration=1.5, max_running=1, d_step_time=0.1,
                       extra={"decode": slow_d})) as cluster:
         batch = prompts(10, seed=40)
-        client = cluster.client()
-        try:
-            for i, p in enumerate(batch):
-                client.submit(f"n{i}", p, 8)
-            results = client.wait_all(deadline=time.monotonic() + 90.0)
-        finally:
-            client.close()
-        assert len(results) == len(batch)
+        results = run_batch(cluster, batch, "n")
         for i, p in enumerate(batch):
             r = results[f"n{i}"]
             assert r["ok"], r["error"]

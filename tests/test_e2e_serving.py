@@ -47,14 +47,7 @@ def test_batch_gives_the_reference_tokens(cluster: Cluster) -> None:
 def test_surge_waits_past_the_initial_lease_without_expiry(cluster: Cluster) -> None:
     before = cluster.stats(cluster.prefill[0])["table"]
     batch = prompts(20, seed=12)
-    client = cluster.client()
-    try:
-        for i, p in enumerate(batch):
-            client.submit(f"s{i}", p, 12)
-        results = client.wait_all(deadline=time.monotonic() + 90.0)
-    finally:
-        client.close()
-    assert len(results) == len(batch)
+    results = run_batch(cluster, batch, "s", max_tokens=12)
     longest = max(r["_latency"] for r in results.values())
     # the point of the test: some requests sat in D's queue past the initial
     # lease, so only heartbeats kept their blocks
