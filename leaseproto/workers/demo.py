@@ -323,7 +323,8 @@ def _table(results: list[PhaseResult]) -> str:
                      "-" if r.reclaim_bound_s is None else f"{r.reclaim_bound_s:.2f}",
                      str(r.blocks_leaked)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+             for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     notes = [f"  {r.name}: {note}" for r in results for note in r.notes]
     return "\n".join(lines + notes)
