@@ -1,26 +1,23 @@
-"""A decode engine: rank 0 runs the scheduler and the model; ranks 1.. read
-their share of the heads and hand it to rank 0 (:mod:`.decode_follower`).
+"""Decode rank 0: scheduler, heartbeats and the model. Ranks 1.. read their
+share of the heads and hand it over (:mod:`.decode_follower`).
 
-Rank 0's single-threaded loop (:meth:`DecodeWorker.step`):
+One single-threaded loop (:meth:`DecodeWorker.step`):
 
-1. **intake**: a ``decode`` request enters the waiting queue and, at that
-   moment, ``HeartbeatTracker.track`` (spec: heartbeats start when a request
-   enters the queue, not when it is scheduled). The first request naming a P
-   engine starts the proactive handshake with every rank of it (in the
-   background: :meth:`NixlEndpoint.connect` never blocks);
-2. **lease step**: ``due(now=..., pending=<engines whose handshake is not
-   done>)``, each due engine's ids through ``wire.encode_heartbeat`` and to
-   **every** P rank of that engine. A send that fails, or a peer NIXL reports
-   lost, drops the engine (``drop_engine``) and fails its requests over;
-   NACKs are handled here;
-3. **schedule**: move waiting requests into the bounded running set as local
-   blocks allow and start their READs (transfer-done attached);
-4. **compute**: one decode step for every running request whose KV is in.
+1. **intake**: a ``decode`` request enters the waiting queue and is tracked
+   (``HeartbeatTracker.track``) at that moment, not when scheduled. The first
+   request naming a P engine starts the handshake with its ranks in the
+   background (:meth:`NixlEndpoint.connect` never blocks);
+2. **lease step**: ``due(now=..., pending=<engines not connected yet>)``; each
+   due engine's ids through ``wire.encode_heartbeat`` to **every** P rank of it.
+   A failed send or a lost peer drops the engine (``drop_engine``) and fails
+   its requests over; NACKs are handled here;
+3. **schedule**: waiting requests enter the bounded running set as blocks
+   allow; their READs start (transfer-done attached);
+4. **compute**: one decode step of the running set.
 
-Fail-over (P gone, READ failed, NACK): what was read is discarded and the
-request is recomputed locally (``on_kv_loss="recompute"``: the model is the
-same, so the tokens are the same) or answered with a clear error
-(``"error"``). Never an uncaught exception, never a hang.
+Fail-over (P gone, READ failed, NACK) discards what was read and recomputes
+locally (``on_kv_loss="recompute"``: same model, same tokens) or answers with
+a clear error (``"error"``): never an uncaught exception, never a hang.
 """
 
 from __future__ import annotations
@@ -228,11 +225,17 @@ class DecodeWorker(EngineLoop):
         self._kv_lost(req, f"NACK: lease {reason} before the read")
 
     # -- fail-over ------------------------------------------------------------------------
-    def _kv_lost(self, req: Req, reason: str) -> None:
-        """P's KV for ``req`` is unusable: recompute locally or fail."""
+    def _kv_lost(self, req: Req, reason: str, *, abort: bool = False) -> None:
+        """P's KV for ``req`` is unusable: recompute locally or fail. ``abort``:
+        P may still hold it (a failed read, not a lost P or a NACK), so tell P
+        to free it now rather than at expiry (``AB:``, best effort)."""
         if req.done or not req.needs_remote_kv:
             return  # already failed over (several P ranks may report the same loss)
         self.tracker.untrack(req.req_id)
+        engine = self.engines.get(req.engine_id)
+        if abort and engine is not None and not engine.lost:
+            for agent in engine.agents:
+                self.backend.send(agent, wire.encode_abort(req.remote_req_id))
         for xfer in req.transfers:
             self.backend.release(xfer)
         req.transfers.clear()
@@ -283,14 +286,14 @@ class DecodeWorker(EngineLoop):
             plan = self.backend.read_plan(req.ranks, req.blocks, req.num_tokens)
         except (LayoutError, ValueError) as exc:
             self._malformed(f"transfer parameters of req {req.req_id}: {exc}")
-            self._kv_lost(req, f"unusable transfer parameters: {exc}")
+            self._kv_lost(req, f"unusable transfer parameters: {exc}", abort=True)
             return
         for rank, local, remote in plan:
             req.transfers.append(self.backend.read(rank.agent, local, remote, notif_msg=notif))
         req.followers_pending.update(self.followers.ranks)
         refused = self.followers.read(req)
         if refused is not None:
-            self._kv_lost(req, f"decode rank {refused} is not taking requests")
+            self._kv_lost(req, f"decode rank {refused} is not taking requests", abort=True)
 
     def _reads_progress(self) -> None:
         for req in list(self.running.values()):
@@ -300,7 +303,8 @@ class DecodeWorker(EngineLoop):
             failed = [x for x in req.transfers if x.state == "ERR"]
             if failed:
                 self.metrics.transfers.labels(outcome="failed").inc()
-                self._kv_lost(req, f"READ from {failed[0].peer} failed: {failed[0].error}")
+                self._kv_lost(req, f"READ from {failed[0].peer} failed: {failed[0].error}",
+                              abort=True)
                 continue
             if all(s == "DONE" for s in states) and not req.followers_pending:
                 for x in req.transfers:
@@ -318,7 +322,7 @@ class DecodeWorker(EngineLoop):
                       rank)
             for r in list(self.running.values()):
                 if rank in r.followers_pending:
-                    self._kv_lost(r, f"decode rank {rank} disconnected")
+                    self._kv_lost(r, f"decode rank {rank} disconnected", abort=True)
             return
         op = msg.get("op")
         req = self.running.get(str(msg.get("req_id")))
@@ -329,12 +333,12 @@ class DecodeWorker(EngineLoop):
                     raise ValueError("no KV bytes in the answer")
                 self.backend.import_shard(rank, self.opts.tp, req.blocks, req.num_tokens, kv)
             except ValueError as exc:
-                self._kv_lost(req, f"decode rank {rank} sent a bad shard: {exc}")
+                self._kv_lost(req, f"decode rank {rank} sent a bad shard: {exc}", abort=True)
                 return
             req.followers_pending.discard(rank)
         elif op == "read_failed" and req is not None and rank in req.followers_pending:
             self.metrics.transfers.labels(outcome="failed").inc()
-            self._kv_lost(req, f"decode rank {rank}: {msg.get('error')}")
+            self._kv_lost(req, f"decode rank {rank}: {msg.get('error')}", abort=True)
         elif op == "nack":
             self._nack(str(msg.get("remote_req_id")), str(msg.get("reason")), f"rank {rank}")
         elif op == "peer_lost":

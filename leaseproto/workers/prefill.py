@@ -116,8 +116,8 @@ class PrefillWorker(EngineLoop):
             log.info("released %d blocks of req %s: aborted by the reader", len(blocks),
                      rel.req_id)
         else:
-            log.debug("released %d blocks of req %s: transferred %.3f s after the grant",
-                      len(blocks), rel.req_id, rel.at - rel.granted_at)
+            log.info("released %d blocks of req %s: transferred %.2f s after the grant",
+                     len(blocks), rel.req_id, rel.at - rel.granted_at)
 
     def _late(self, late: LateTransfer, sender: str) -> None:
         what = "expired" if late.ended is ReleaseReason.EXPIRED else "aborted"
@@ -267,6 +267,8 @@ class PrefillWorker(EngineLoop):
                                                         f"({rel.reason.value})"})
                 continue
             remaining = 0.0 if deadline is None else deadline - now
+            log.info("granted req %s a %.1f s lease on %d blocks (%d reader%s)", q.req_id,
+                     remaining, len(blocks), q.consumers, "" if q.consumers == 1 else "s")
             self.server.reply(q.envelope, {
                 "op": "prefilled", "req_id": q.req_id, "engine_id": self.opts.engine_id,
                 "rank": self.opts.rank, "tp": self.opts.tp, "agent": self.agent_name,
