@@ -281,7 +281,9 @@ class DecodeWorker(EngineLoop):
 
     def _start_reads(self, req: Req) -> None:
         req.state = "reading"
-        notif = wire.encode_transfer_done(req.remote_req_id)
+        # vLLM's n: how many D ranks notify each P rank (its completion threshold)
+        notif = wire.encode_transfer_done(req.remote_req_id,
+                                          max(1, self.opts.tp // max(1, len(req.ranks))))
         try:
             plan = self.backend.read_plan(req.ranks, req.blocks, req.num_tokens)
         except (LayoutError, ValueError) as exc:

@@ -150,7 +150,9 @@ class DecodeFollower(EngineLoop):
                 ranks = [RankParams.parse(r) for r in msg.get("ranks", [])]
                 num_tokens = int(msg["num_tokens"])
                 remote = str(msg["remote_req_id"])
-                notif = wire.encode_transfer_done(remote)
+                # vLLM's n: how many D ranks notify each P rank
+                notif = wire.encode_transfer_done(remote,
+                                                  max(1, self.opts.tp // max(1, len(ranks))))
             except (ValueError, KeyError, TypeError) as exc:
                 self.waiting.pop(0)
                 self.server.reply(envelope, {"op": "read_failed", "req_id": req_id,
