@@ -15,7 +15,6 @@ from __future__ import annotations
 import importlib
 import random
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -26,6 +25,8 @@ try:
     importlib.import_module("leaseproto.adapters.nixl").load_nixl()
 except ImportError as exc:  # pragma: no cover - CI installs NIXL
     pytest.skip(f"NIXL is not importable: {exc}", allow_module_level=True)
+
+from polling import wait_for  # noqa: E402
 
 from leaseproto.workers.backend import reference_tokens  # noqa: E402
 from leaseproto.workers.cluster import Cluster, ClusterSpec  # noqa: E402
@@ -54,19 +55,6 @@ def prompts(n: int, seed: int, length: int = 10) -> list[list[int]]:
 
 def reference(prompt: list[int], max_tokens: int = MAX_TOKENS) -> list[int]:
     return reference_tokens(prompt, max_tokens)
-
-
-def wait_for(pred: Callable[[], Any], what: str, timeout: float = 30.0,
-             every: float = 0.02) -> Any:
-    """Poll ``pred`` until it is truthy; fail naming ``what`` at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(every)
 
 
 def run_batch(cluster: Cluster, batch: list[list[int]], tag: str,

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import polling
 import pytest
 import torch
 
@@ -52,14 +53,7 @@ def make_pool(head_start: int = 0, num_heads: int = HEADS) -> KVPool:
 
 
 def wait_for(pred: Callable[[], Any], what: str, timeout: float = WAIT_S) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.002)
+    return polling.wait_for(pred, what, timeout, every=0.002)
 
 
 # -- the peer process ------------------------------------------------------------------
