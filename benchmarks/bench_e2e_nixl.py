@@ -130,26 +130,15 @@ def reclaim_run(n_requests: int) -> dict[str, Any]:
         try:
             for i in range(n_requests):
                 client.submit(f"k{i}", [(7 * i + j) % 50 for j in range(10)], 40)
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                d = cluster.stats(cluster.decode[0])
-                if d["tracker"]["tracked"] + d["completed"] >= n_requests:
-                    break
-                client.poll(0.05)
+            cluster.wait_decode_holds(client, n_requests, timeout=60.0)
             # every lease granted at least L - E ago has been renewed by now
             time.sleep(spec.kv_lease_duration - ext + 0.3)
             d = cluster.stats(cluster.decode[0])
             p = cluster.stats(cluster.prefill[0])
             held, live = p["blocks_held"], p["leases_live"]
             killed = cluster.kill(cluster.decode[0])
-            released = None
-            while time.monotonic() < killed + ext + interval + 10:
-                p = cluster.stats(cluster.prefill[0])
-                asked = time.monotonic()
-                if p["blocks_held"] == 0 and p["leases_live"] == 0:
-                    released = asked - (p.get("since_last_release") or 0.0)
-                    break
-                time.sleep(0.02)
+            released = cluster.last_release(until=killed + ext + interval + 10)
+            p = cluster.stats(cluster.prefill[0])
         finally:
             client.close()
     return {"waiting": d["waiting"], "running": d["running"], "leases": live,

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -217,6 +217,32 @@ class Cluster:
     def client(self) -> RouterClient:
         assert self.router is not None, "cluster not started"
         return RouterClient(self.router.address)
+
+    def wait_decode_holds(self, client: RouterClient, n: int, *, timeout: float) -> bool:
+        """Wait until the first decode worker tracks or has completed ``n``
+        requests, draining ``client`` meanwhile; ``False`` at the timeout."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            d = self.stats(self.decode[0])
+            if d["tracker"]["tracked"] + d["completed"] >= n:
+                return True
+            client.poll(0.05)
+        return False
+
+    def last_release(self, *, until: float,
+                     on_poll: Callable[[Msg, float], None] | None = None) -> float | None:
+        """Poll the first prefill worker until it holds no block and no lease;
+        returns when (``time.monotonic()``) it released its last one, or
+        ``None`` if it still held some at ``until``."""
+        while time.monotonic() < until:
+            p = self.stats(self.prefill[0])
+            asked = time.monotonic()
+            if p["blocks_held"] == 0 and p["leases_live"] == 0:
+                return asked - float(p.get("since_last_release") or 0.0)
+            if on_poll is not None:
+                on_poll(p, asked)
+            time.sleep(0.02)
+        return None
 
 
 class RouterClient:

@@ -198,12 +198,7 @@ def _crash(cluster: Cluster, settings: DemoSettings, result: PhaseResult,
         result.requests = n
         # wait until D holds every request and P granted them all at least
         # kv_lease_duration - lease_extension ago, so only renewed leases remain
-        deadline = time.monotonic() + 30.0
-        while time.monotonic() < deadline:
-            d = cluster.stats(cluster.decode[0])
-            if d["tracker"]["tracked"] + d["completed"] >= n:
-                break
-            client.poll(0.05)
+        cluster.wait_decode_holds(client, n, timeout=30.0)
         time.sleep(settings.kv_lease_duration - settings.lease_extension + 0.2)
         d = cluster.stats(cluster.decode[0])
         p = cluster.stats(cluster.prefill[0])
@@ -213,18 +208,11 @@ def _crash(cluster: Cluster, settings: DemoSettings, result: PhaseResult,
         killed_at = cluster.kill(cluster.decode[0])
         bound = settings.lease_extension + settings.heartbeat_interval
         result.reclaim_bound_s = bound
-        released_at = None
-        deadline = killed_at + bound + 10.0
-        while time.monotonic() < deadline:
-            p = cluster.stats(cluster.prefill[0])
-            asked = time.monotonic()
-            if p["blocks_held"] == 0 and p["leases_live"] == 0:
-                since = p.get("since_last_release")
-                released_at = asked - (since or 0.0)
-                break
-            progress.show(f"{result.name}: P holds {p['blocks_held']} blocks "
-                          f"{asked - killed_at:.2f} s after the kill")
-            time.sleep(0.02)
+        released_at = cluster.last_release(
+            until=killed_at + bound + 10.0,
+            on_poll=lambda p, asked: progress.show(
+                f"{result.name}: P holds {p['blocks_held']} blocks "
+                f"{asked - killed_at:.2f} s after the kill"))
         progress.done()
         if released_at is None:
             result.notes.append("P still held blocks 10 s past the bound")
