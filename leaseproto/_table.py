@@ -287,8 +287,8 @@ class LeaseTable:
         return None
 
     def expire(self, *, now: float) -> list[Release]:
-        """Release every lease with ``deadline <= now`` (``EXPIRED``), oldest
-        deadline first. Cost follows the heap entries that came due, not the
+        """Release every lease with ``deadline <= now`` (``EXPIRED``), earliest
+        deadline first (ties in grant order). Cost follows the heap entries that came due, not the
         number of live leases. Also forgets tombstones and staged notifications
         older than their TTLs."""
         self._clock(now)

@@ -25,6 +25,7 @@ class NaiveLeaseTable:
         self.ended: dict[str, tuple[ReleaseReason, float]] = {}
         self.staged: dict[str, dict[str, Any]] = {}
         self.counts: dict[str, int] = {}
+        self.grants = 0  # grant order breaks ties between equal deadlines
 
     def _count(self, key: str, n: int = 1) -> None:
         self.counts[key] = self.counts.get(key, 0) + n
@@ -60,8 +61,9 @@ class NaiveLeaseTable:
         ttl = self.config.kv_lease_duration if ttl is None else ttl
         cap = self.config.max_lease_lifetime
         self.ended.pop(req_id, None)
+        self.grants += 1
         self.leases[req_id] = {"granted_at": now, "deadline": now + ttl, "consumers": consumers,
-                               "done": 0, "last_renewal": None,
+                               "done": 0, "last_renewal": None, "seq": self.grants,
                                "cap_at": None if cap is None else now + cap}
         self._count("granted")
         early = self.staged.pop(req_id, None)
@@ -121,9 +123,9 @@ class NaiveLeaseTable:
         return None
 
     def expire(self, *, now: float) -> list[Release]:
-        due = sorted((lease["deadline"], rid) for rid, lease in self.leases.items()
+        due = sorted((lease["deadline"], lease["seq"], rid) for rid, lease in self.leases.items()
                      if lease["deadline"] <= now)
-        out = [self._release(rid, ReleaseReason.EXPIRED, now) for _, rid in due]
+        out = [self._release(rid, ReleaseReason.EXPIRED, now) for _, _, rid in due]
         for rid, (_, at) in list(self.ended.items()):
             if at + self.config.tombstone_ttl <= now:
                 del self.ended[rid]
