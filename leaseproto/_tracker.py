@@ -58,6 +58,10 @@ class HeartbeatTracker:
         self._engine_of: dict[str, str] = {}
         # engine -> now of its last heartbeat
         self._last_sent: dict[str, float] = {}
+        # the oldest last heartbeat of any engine, or None when some engine
+        # never had one (or may be pending): a lower bound that lets a step in
+        # which nothing is due return at once (heartbeat_due is monotone in it)
+        self._oldest: float | None = None
         self._last_now = -math.inf
         self._c = {"tracked": 0, "untracked": 0, "heartbeats": 0, "heartbeat_ids": 0,
                    "deferred": 0, "dropped": 0}
@@ -79,6 +83,8 @@ class HeartbeatTracker:
             raise LocalProtocolError(f"request {req_id!r} is already tracked "
                                      f"(engine {self._engine_of[req_id]!r})")
         self._clock(now)
+        if engine_id not in self._by_engine:
+            self._oldest = None  # a new engine is due at once
         self._by_engine.setdefault(engine_id, {})[req_id] = (
             req_id if remote_req_id is None else remote_req_id)
         self._engine_of[req_id] = engine_id
@@ -116,6 +122,9 @@ class HeartbeatTracker:
         """
         self._clock(now)
         interval = self.config.heartbeat_interval
+        oldest = self._oldest
+        if oldest is not None and not R.heartbeat_due(oldest, now, interval):
+            return {}  # no engine's last heartbeat is as old as the oldest one
         out: dict[str, list[str]] = {}
         for engine, reqs in self._by_engine.items():
             last = self._last_sent.get(engine)
@@ -128,6 +137,10 @@ class HeartbeatTracker:
             self._last_sent[engine] = now
         self._c["heartbeats"] += len(out)
         self._c["heartbeat_ids"] += sum(len(v) for v in out.values())
+        # untracked engines leave _last_sent, so equal sizes mean every engine had one
+        lasts = self._last_sent
+        self._oldest = (min(lasts.values())
+                        if lasts and len(lasts) == len(self._by_engine) else None)
         return out
 
     def next_due(self) -> float | None:

@@ -92,3 +92,66 @@ def test_next_due_is_minus_inf_for_a_new_engine() -> None:
     t = HeartbeatTracker(CFG)
     t.track("d1", engine_id="P0", now=0.0)
     assert t.next_due() == -math.inf
+
+
+# -- the tracker against a naive schedule (every engine checked every step) -------------------
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from leaseproto import _rules as R  # noqa: E402
+
+_due = st.tuples(st.just("due"), st.sampled_from([0.0, 0.1, 0.2, 0.3, 0.49, 0.5, 0.51, 1.0]),
+                 st.sampled_from(["", "", "", "A", "B", "AB"]))
+_ops = st.lists(st.one_of(
+    st.tuples(st.just("track"), st.integers(0, 5), st.sampled_from("ABC")),
+    _due, _due,
+    st.tuples(st.just("untrack"), st.integers(0, 5), st.just("")),
+    st.tuples(st.just("drop"), st.just(0), st.sampled_from("ABC")),
+), min_size=5, max_size=60)
+
+
+def test_engines_with_different_last_heartbeats_each_get_their_turn() -> None:
+    t = HeartbeatTracker(LeaseConfig(kv_lease_duration=3.0))  # interval 0.5
+    t.track("a", engine_id="A", now=0.0)
+    assert t.due(now=0.0) == {"A": ["a"]}
+    t.track("b", engine_id="B", now=0.3)
+    assert t.due(now=0.3) == {"B": ["b"]}
+    assert t.due(now=0.6) == {"A": ["a"]}  # A is due although B is not
+    assert t.due(now=0.7) == {}
+    assert t.due(now=0.8) == {"B": ["b"]}
+
+
+@settings(max_examples=600)
+@given(_ops)
+def test_due_matches_a_naive_full_scan_I11(ops: list[tuple[str, object, str]]) -> None:
+    cfg = LeaseConfig(kv_lease_duration=3.0)  # interval 0.5
+    t = HeartbeatTracker(cfg)
+    engines: dict[str, dict[str, str]] = {}
+    last: dict[str, float] = {}
+    now = 0.0
+    for op, arg, name in ops:
+        if op == "track":
+            rid = f"r{arg}"
+            if rid in t:
+                continue
+            t.track(rid, engine_id=name, now=now)
+            engines.setdefault(name, {})[rid] = rid
+        elif op == "untrack":
+            rid = f"r{arg}"
+            t.untrack(rid)
+            for e in list(engines):
+                engines[e].pop(rid, None)
+                if not engines[e]:
+                    del engines[e]
+                    last.pop(e, None)
+        elif op == "drop":
+            assert sorted(t.drop_engine(name)) == sorted(engines.pop(name, {}))
+            last.pop(name, None)
+        else:
+            assert isinstance(arg, float)
+            now += arg
+            want = {e: list(reqs.values()) for e, reqs in engines.items()
+                    if e not in name and (e not in last or R.heartbeat_due(last[e], now, 0.5))}
+            for e in want:
+                last[e] = now
+            assert t.due(now=now, pending=set(name)) == want
