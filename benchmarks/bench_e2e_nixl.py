@@ -124,7 +124,7 @@ def reclaim_run(n_requests: int) -> dict[str, Any]:
     from leaseproto.workers.cluster import Cluster, ClusterSpec  # noqa: PLC0415
 
     spec = ClusterSpec(kv_lease_duration=3.0, max_running=2, d_step_time=0.05)
-    ext, interval = spec.kv_lease_duration * 2 / 3, spec.kv_lease_duration / 6
+    ext, interval = spec.config.lease_extension, spec.config.heartbeat_interval
     with Cluster(spec) as cluster:
         client = cluster.client()
         try:

@@ -28,14 +28,15 @@ except ImportError as exc:  # pragma: no cover - CI installs NIXL
 
 from polling import wait_for  # noqa: E402
 
+from leaseproto import LeaseConfig  # noqa: E402
 from leaseproto.workers.backend import reference_tokens  # noqa: E402
 from leaseproto.workers.cluster import Cluster, ClusterSpec  # noqa: E402
 
 __all__ = ["LEASE", "Cluster", "ClusterSpec", "prompts", "reference", "spec", "wait_for"]
 
 LEASE = 3.0
-HEARTBEAT = LEASE / 6
-EXTENSION = LEASE * 2 / 3
+HEARTBEAT = LeaseConfig(LEASE).heartbeat_interval
+EXTENSION = LeaseConfig(LEASE).lease_extension
 MAX_TOKENS = 8
 #: generous: requests queue behind each other on purpose
 ANSWER_S = 60.0

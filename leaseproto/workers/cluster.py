@@ -25,6 +25,7 @@ from typing import Any, TextIO
 
 import zmq
 
+from .._config import LeaseConfig
 from .plane import Msg, call, decode, encode
 
 __all__ = ["Cluster", "ClusterSpec", "RouterClient", "Worker"]
@@ -53,6 +54,12 @@ class ClusterSpec:
     on_kv_loss: str = "recompute"
     extra: Mapping[str, Sequence[str]] = field(default_factory=dict)  # role -> extra args
     log_level: str = "INFO"
+
+    @property
+    def config(self) -> LeaseConfig:
+        """The effective lease configuration every worker runs with."""
+        return LeaseConfig(self.kv_lease_duration, heartbeat_interval=self.heartbeat_interval,
+                           lease_extension=self.lease_extension)
 
     def lease_args(self) -> list[str]:
         out = ["--kv-lease-duration", str(self.kv_lease_duration), "--policy", self.policy]

@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from .._config import LeaseConfig
 from .cluster import Cluster, ClusterSpec
 
 __all__ = ["DemoSettings", "PhaseResult", "run_demo"]
@@ -53,11 +54,11 @@ class DemoSettings:
 
     @property
     def heartbeat_interval(self) -> float:
-        return self.kv_lease_duration / 6
+        return LeaseConfig(self.kv_lease_duration).heartbeat_interval
 
     @property
     def lease_extension(self) -> float:
-        return self.kv_lease_duration * 2 / 3
+        return LeaseConfig(self.kv_lease_duration).lease_extension
 
 
 @dataclass
