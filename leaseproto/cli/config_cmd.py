@@ -8,13 +8,9 @@ import sys
 from typing import Any
 
 from .._config import LeaseConfig
+from ._lease_flags import add_lease_flags, lease_kwargs
 
 __all__ = ["register"]
-
-_FLOAT_KEYS = ("kv_lease_duration", "decoder_kv_blocks_ttl", "heartbeat_interval",
-               "lease_extension", "max_lease_lifetime", "safety_margin", "tombstone_ttl",
-               "staging_ttl")
-_INT_KEYS = ("max_notification_bytes", "tombstone_capacity", "staging_capacity")
 
 
 def register(sub: Any) -> None:
@@ -25,12 +21,7 @@ def register(sub: Any) -> None:
                     "included, with the timing bounds they imply. Unsafe values are rejected "
                     "with the rule they break (exit status 2).",
     )
-    for key in _FLOAT_KEYS:
-        p.add_argument("--" + key.replace("_", "-"), dest=key, type=float, default=None,
-                       metavar="SECONDS")
-    for key in _INT_KEYS:
-        p.add_argument("--" + key.replace("_", "-"), dest=key, type=int, default=None,
-                       metavar="N")
+    add_lease_flags(p)
     p.add_argument("--extra-config", metavar="JSON", default=None,
                    help="a vLLM kv_connector_extra_config JSON object (flags override it)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -52,10 +43,7 @@ def config_from_args(args: argparse.Namespace) -> LeaseConfig:
         if not isinstance(loaded, dict):
             raise ValueError("--extra-config must be a JSON object")
         extra.update(loaded)
-    for key in _FLOAT_KEYS + _INT_KEYS:
-        value = getattr(args, key)
-        if value is not None:
-            extra[key] = value
+    extra.update(lease_kwargs(args))
     return LeaseConfig.from_extra_config(extra)
 
 

@@ -17,20 +17,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ._lease_flags import add_lease_flags, lease_kwargs
+
 __all__ = ["register"]
+
+_LEASE_FLAGS = ("kv_lease_duration", "heartbeat_interval", "lease_extension",
+                "max_lease_lifetime", "max_notification_bytes")
 
 
 def _lease_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("lease settings (must match on P and D)")
-    g.add_argument("--kv-lease-duration", type=float, default=30.0, metavar="SECONDS",
-                   help="initial lease P grants when prefill ends (default 30)")
-    g.add_argument("--heartbeat-interval", type=float, default=None, metavar="SECONDS",
-                   help="default kv_lease_duration / 6")
-    g.add_argument("--lease-extension", type=float, default=None, metavar="SECONDS",
-                   help="default kv_lease_duration * 2 / 3")
-    g.add_argument("--max-lease-lifetime", type=float, default=None, metavar="SECONDS",
-                   help="hard cap on a lease's life (default: none)")
-    g.add_argument("--max-notification-bytes", type=int, default=4096, metavar="N")
+    add_lease_flags(g, _LEASE_FLAGS)
     g.add_argument("--policy", choices=("lease", "fixed"), default="lease",
                    help="lease: heartbeats renew, late reads are NACKed; fixed: a fixed "
                         "timeout of kv_lease_duration, no renewals, no NACK (a naive "
@@ -114,11 +111,7 @@ def run(args: argparse.Namespace) -> int:
                                           request_timeout=args.request_timeout))
         else:
             from .._config import LeaseConfig  # noqa: PLC0415
-            config = LeaseConfig(kv_lease_duration=args.kv_lease_duration,
-                                 heartbeat_interval=args.heartbeat_interval,
-                                 lease_extension=args.lease_extension,
-                                 max_lease_lifetime=args.max_lease_lifetime,
-                                 max_notification_bytes=args.max_notification_bytes)
+            config = LeaseConfig(**lease_kwargs(args, _LEASE_FLAGS))
             if args.role == "prefill":
                 from ..workers.prefill import PrefillOptions, PrefillWorker  # noqa: PLC0415
                 worker = PrefillWorker(PrefillOptions.from_args(

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ._lease_flags import add_lease_flags, lease_kwargs
+
 __all__ = ["parse_policies", "register"]
 
 _PRESET_NAMES = ("surge", "crash", "both", "scale", "hang")
@@ -22,7 +24,8 @@ _SCENARIO_FLAGS: tuple[tuple[str, type, str], ...] = (
     ("delay_jitter", float, "notification delay jitter, s"),
     ("stall_rate", float, "D forward-pass stalls per engine-second"),
 )
-_LEASE_FLAGS = ("kv_lease_duration", "heartbeat_interval", "lease_extension")
+_LEASE_FLAGS = ("kv_lease_duration", "heartbeat_interval", "lease_extension",
+                "max_notification_bytes")
 
 
 def register(sub: Any) -> None:
@@ -43,10 +46,7 @@ def register(sub: Any) -> None:
     for key, typ, text in _SCENARIO_FLAGS:
         p.add_argument("--" + key.replace("_", "-"), dest=key, type=typ, default=None,
                        help=f"{text} (overrides the preset)")
-    for key in _LEASE_FLAGS:
-        p.add_argument("--" + key.replace("_", "-"), dest=key, type=float, default=None,
-                       metavar="SECONDS", help="lease setting of the lease policies")
-    p.add_argument("--max-notification-bytes", type=int, default=None, metavar="N")
+    add_lease_flags(p, _LEASE_FLAGS, note="; lease policies only")
     p.add_argument("--sample-dt", type=float, default=None, metavar="SECONDS",
                    help="spacing of the raw series (default duration/600)")
     p.add_argument("--out", type=Path, default=None, metavar="DIR",
@@ -102,11 +102,8 @@ def run(args: argparse.Namespace) -> int:
         overrides = {k: getattr(args, k) for k, _, _ in _SCENARIO_FLAGS
                      if getattr(args, k) is not None}
         scenario = preset(args.preset, **overrides)
-        lease_kw: dict[str, Any] = {k: getattr(args, k) for k in _LEASE_FLAGS
-                                    if getattr(args, k) is not None}
-        if args.max_notification_bytes is not None:
-            lease_kw["max_notification_bytes"] = args.max_notification_bytes
-        policies = parse_policies(args.policies, LeaseConfig(**lease_kw))
+        policies = parse_policies(args.policies,
+                                  LeaseConfig(**lease_kwargs(args, _LEASE_FLAGS)))
         if args.sample_dt is not None and not args.sample_dt > 0:
             raise ValueError("--sample-dt must be > 0")
     except ValueError as exc:
