@@ -141,9 +141,15 @@ def reclaim_run(n_requests: int) -> dict[str, Any]:
             p = cluster.stats(cluster.prefill[0])
         finally:
             client.close()
-    return {"waiting": d["waiting"], "running": d["running"], "leases": live,
-            "blocks": held, "reclaim": None if released is None else released - killed,
-            "bound": ext + interval, "expired": p["table"]["released_expired"]}
+    return {
+        "waiting": d["waiting"],
+        "running": d["running"],
+        "leases": live,
+        "blocks": held,
+        "reclaim": None if released is None else released - killed,
+        "bound": ext + interval,
+        "expired": p["table"]["released_expired"],
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -158,22 +164,62 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = []
     for k, payload in enumerate(payloads):
         nx, zq = rtts[f"nixl {k}"], rtts[f"zmq {k}"]
-        rows.append([f"{len(payload):,} B", f"{statistics.median(nx) * 1e6:,.0f}",
-                     f"{pct(nx, 99) * 1e6:,.0f}", f"{min(nx) * 1e6:,.0f}",
-                     f"{statistics.median(zq) * 1e6:,.0f}", f"{pct(zq, 99) * 1e6:,.0f}",
-                     ratio(statistics.median(nx), statistics.median(zq))])
+        rows.append(
+            [
+                f"{len(payload):,} B",
+                f"{statistics.median(nx) * 1e6:,.0f}",
+                f"{pct(nx, 99) * 1e6:,.0f}",
+                f"{min(nx) * 1e6:,.0f}",
+                f"{statistics.median(zq) * 1e6:,.0f}",
+                f"{pct(zq, 99) * 1e6:,.0f}",
+                ratio(statistics.median(nx), statistics.median(zq)),
+            ]
+        )
     print(f"heartbeat notification round trip, {args.trips} trips per payload:")
-    print(table(["payload", "NIXL median µs", "NIXL p99 µs", "NIXL min µs", "ZeroMQ median µs",
-                 "ZeroMQ p99 µs", "NIXL / ZeroMQ"], rows))
+    print(
+        table(
+            [
+                "payload",
+                "NIXL median µs",
+                "NIXL p99 µs",
+                "NIXL min µs",
+                "ZeroMQ median µs",
+                "ZeroMQ p99 µs",
+                "NIXL / ZeroMQ",
+            ],
+            rows,
+        )
+    )
     results = [reclaim_run(args.requests) for _ in range(args.runs)]
-    rows = [[str(k + 1), str(r["waiting"]), str(r["running"]), str(r["leases"]),
-             str(r["blocks"]), "-" if r["reclaim"] is None else f"{r['reclaim']:.2f}",
-             f"{r['bound']:.2f}",
-             "yes" if r["reclaim"] is not None and r["reclaim"] <= r["bound"] else "NO"]
-            for k, r in enumerate(results)]
+    rows = [
+        [
+            str(k + 1),
+            str(r["waiting"]),
+            str(r["running"]),
+            str(r["leases"]),
+            str(r["blocks"]),
+            "-" if r["reclaim"] is None else f"{r['reclaim']:.2f}",
+            f"{r['bound']:.2f}",
+            "yes" if r["reclaim"] is not None and r["reclaim"] <= r["bound"] else "NO",
+        ]
+        for k, r in enumerate(results)
+    ]
     print("D SIGKILL -> P frees its last block (kv_lease_duration 3 s):")
-    print(table(["run", "D waiting", "D running", "P leases", "P blocks", "reclaim s",
-                 "bound E+H s", "within"], rows))
+    print(
+        table(
+            [
+                "run",
+                "D waiting",
+                "D running",
+                "P leases",
+                "P blocks",
+                "reclaim s",
+                "bound E+H s",
+                "within",
+            ],
+            rows,
+        )
+    )
     return 0 if all(r[-1] == "yes" for r in rows) else 1
 
 

@@ -81,9 +81,14 @@ def measure(ids: list[str], max_bytes: int, rounds: int) -> dict[str, float]:
     if table_.stats.renewed != rounds * len(ids):
         sys.exit("not every id was renewed")
     per = len(ids)
-    return {"msgs": len(msgs), "bytes": sum(map(len, msgs)),
-            "ours": per / (min(ours_r) * 1e-9), "decode": per / (min(dec_r) * 1e-9),
-            "renew": per / (min(ren_r) * 1e-9), "upstream": per / (min(up_r) * 1e-9)}
+    return {
+        "msgs": len(msgs),
+        "bytes": sum(map(len, msgs)),
+        "ours": per / (min(ours_r) * 1e-9),
+        "decode": per / (min(dec_r) * 1e-9),
+        "renew": per / (min(ren_r) * 1e-9),
+        "upstream": per / (min(up_r) * 1e-9),
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -93,18 +98,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     rng = random.Random(0)
     ids = [f"chatcmpl-{rng.getrandbits(128):032x}-{i:08x}" for i in range(args.leases)]
-    print(f"heartbeat handling on P: {args.leases:,} ids ({len(ids[0])} bytes each) per round, "
-          f"best of {args.rounds} rounds; {machine()}")
+    print(
+        f"heartbeat handling on P: {args.leases:,} ids ({len(ids[0])} bytes each) per round, "
+        f"best of {args.rounds} rounds; {machine()}"
+    )
     rows = []
     for label, mb in (("one large", 1 << 20), ("default 4 KiB", 4096), ("small 512 B", 512)):
         m = measure(ids, mb, args.rounds)
-        rows.append([label, f"{m['msgs']:,}", f"{m['bytes'] / m['msgs']:,.0f}",
-                     f"{m['decode'] / 1e6:.2f}", f"{m['renew'] / 1e6:.2f}",
-                     f"{m['ours'] / 1e6:.2f}", f"{m['upstream'] / 1e6:.2f}",
-                     ratio(m["upstream"], m["ours"])])
-    print(table(["messages", "count", "bytes each", "decode only M ids/s",
-                 "renew only M ids/s", "decode+renew M ids/s", "upstream M ids/s",
-                 "upstream / ours"], rows))
+        rows.append(
+            [
+                label,
+                f"{m['msgs']:,}",
+                f"{m['bytes'] / m['msgs']:,.0f}",
+                f"{m['decode'] / 1e6:.2f}",
+                f"{m['renew'] / 1e6:.2f}",
+                f"{m['ours'] / 1e6:.2f}",
+                f"{m['upstream'] / 1e6:.2f}",
+                ratio(m["upstream"], m["ours"]),
+            ]
+        )
+    print(
+        table(
+            [
+                "messages",
+                "count",
+                "bytes each",
+                "decode only M ids/s",
+                "renew only M ids/s",
+                "decode+renew M ids/s",
+                "upstream M ids/s",
+                "upstream / ours",
+            ],
+            rows,
+        )
+    )
     return 0
 
 

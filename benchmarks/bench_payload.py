@@ -37,10 +37,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     counts = [int(c) for c in args.counts.split(",")]
     limits = [int(b) for b in args.max_bytes.split(",")]
-    rng_ids = [f"chatcmpl-{uuid.UUID(int=i * 7919 + 1, version=4)}-{i:08x}"
-               for i in range(max(counts))]
-    print(f"heartbeat payload per D->P heartbeat, ids of {len(rng_ids[0])} bytes; "
-          f"{machine()}")
+    rng_ids = [
+        f"chatcmpl-{uuid.UUID(int=i * 7919 + 1, version=4)}-{i:08x}" for i in range(max(counts))
+    ]
+    print(f"heartbeat payload per D->P heartbeat, ids of {len(rng_ids[0])} bytes; {machine()}")
     rows = []
     for n in counts:
         ids = rng_ids[:n]
@@ -51,21 +51,56 @@ def main(argv: Sequence[str] | None = None) -> int:
             if sorted(i for m in msgs for i in wire.decode(m).ids) != sorted(ids):  # type: ignore[union-attr]
                 sys.exit("round trip lost an id")
             size = sum(map(len, msgs))
-            t = min(timeit.repeat(lambda ids=ids, mb=mb: wire.encode_heartbeat(ids, max_bytes=mb),
-                                  number=20, repeat=5)) / 20
-            rows.append([f"{n:,}", f"{mb:,}", f"{len(msgs):,}", f"{max(map(len, msgs)):,}",
-                         f"{size:,}", f"{size / n:.1f}", f"{len(up):,}",
-                         f"{(size / len(up) - 1) * 100:+.2f}%", f"{t / n * 1e9:,.0f}",
-                         f"{t_up / n * 1e9:,.0f}"])
-    print(table(["ids", "max_bytes", "messages", "largest B", "total B", "B per id",
-                 "upstream B (1 msg)", "ours vs upstream B", "encode ns/id",
-                 "upstream ns/id"], rows))
-    per_beat = sum(map(len, wire.encode_heartbeat(
-        rng_ids[:1000], max_bytes=CFG.max_notification_bytes)))
-    print(f"at the defaults (every {CFG.heartbeat_interval:g} s, max_bytes "
-          f"{CFG.max_notification_bytes}), 1,000 requests waiting on one P engine cost "
-          f"{per_beat / CFG.heartbeat_interval:,.0f} B/s of heartbeat payload "
-          f"({1000 / CFG.heartbeat_interval:.0f} renewals/s)")
+            t = (
+                min(
+                    timeit.repeat(
+                        lambda ids=ids, mb=mb: wire.encode_heartbeat(ids, max_bytes=mb),
+                        number=20,
+                        repeat=5,
+                    )
+                )
+                / 20
+            )
+            rows.append(
+                [
+                    f"{n:,}",
+                    f"{mb:,}",
+                    f"{len(msgs):,}",
+                    f"{max(map(len, msgs)):,}",
+                    f"{size:,}",
+                    f"{size / n:.1f}",
+                    f"{len(up):,}",
+                    f"{(size / len(up) - 1) * 100:+.2f}%",
+                    f"{t / n * 1e9:,.0f}",
+                    f"{t_up / n * 1e9:,.0f}",
+                ]
+            )
+    print(
+        table(
+            [
+                "ids",
+                "max_bytes",
+                "messages",
+                "largest B",
+                "total B",
+                "B per id",
+                "upstream B (1 msg)",
+                "ours vs upstream B",
+                "encode ns/id",
+                "upstream ns/id",
+            ],
+            rows,
+        )
+    )
+    per_beat = sum(
+        map(len, wire.encode_heartbeat(rng_ids[:1000], max_bytes=CFG.max_notification_bytes))
+    )
+    print(
+        f"at the defaults (every {CFG.heartbeat_interval:g} s, max_bytes "
+        f"{CFG.max_notification_bytes}), 1,000 requests waiting on one P engine cost "
+        f"{per_beat / CFG.heartbeat_interval:,.0f} B/s of heartbeat payload "
+        f"({1000 / CFG.heartbeat_interval:.0f} renewals/s)"
+    )
     return 0
 
 

@@ -149,41 +149,77 @@ def run_size(n: int, seconds: float, repeat: int) -> dict[str, float]:
     brenew, bexpire = _best(runs["brenew"]), _best(runs["bexpire"])
     step = [a + b for a, b in zip(renew, expire, strict=True)]
     bstep = [a + b for a, b in zip(brenew, bexpire, strict=True)]
-    return {"n": n, "ids_per_step": sum(map(len, renews)) / steps, "expired": expired,
-            "renew": sum(renew) / steps, "expire": sum(expire) / steps,
-            "step": sum(step) / steps, "p99": pct(step, 99),
-            "base_step": sum(bstep) / steps, "base_renew": sum(brenew) / steps,
-            "base_p99": pct(bstep, 99)}
+    return {
+        "n": n,
+        "ids_per_step": sum(map(len, renews)) / steps,
+        "expired": expired,
+        "renew": sum(renew) / steps,
+        "expire": sum(expire) / steps,
+        "step": sum(step) / steps,
+        "p99": pct(step, 99),
+        "base_step": sum(bstep) / steps,
+        "base_renew": sum(brenew) / steps,
+        "base_p99": pct(bstep, 99),
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="1000,10000,100000")
     ap.add_argument("--seconds", type=float, default=60.0, help="virtual seconds (>= 30)")
-    ap.add_argument("--repeat", type=int, default=3,
-                    help="runs per size; each step's fastest run counts")
+    ap.add_argument(
+        "--repeat", type=int, default=3, help="runs per size; each step's fastest run counts"
+    )
     args = ap.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
-    print(f"prefill step cost: renewals + expire per 10 ms step, {args.seconds:g} s virtual, "
-          f"each step the best of {args.repeat} runs; {machine()}")
+    print(
+        f"prefill step cost: renewals + expire per 10 ms step, {args.seconds:g} s virtual, "
+        f"each step the best of {args.repeat} runs; {machine()}"
+    )
     rows = []
     results = []
     for n in sizes:
         res = run_size(n, args.seconds, args.repeat)
         results.append(res)
-        rows.append([f"{n:,}", f"{res['ids_per_step']:.0f}", us(res["renew"]),
-                     us(res["expire"]), us(res["step"]), us(res["p99"]),
-                     us(res["base_step"]), us(res["base_p99"]),
-                     ratio(res["base_step"], res["step"]), ratio(res["step"], res["renew"])])
-    print(table(["live leases", "renewed ids/step", "table renew µs", "table expire µs",
-                 "table step µs", "table step p99 µs", "full scan step µs",
-                 "full scan p99 µs", "full scan / table", "table step / renew"], rows))
+        rows.append(
+            [
+                f"{n:,}",
+                f"{res['ids_per_step']:.0f}",
+                us(res["renew"]),
+                us(res["expire"]),
+                us(res["step"]),
+                us(res["p99"]),
+                us(res["base_step"]),
+                us(res["base_p99"]),
+                ratio(res["base_step"], res["step"]),
+                ratio(res["step"], res["renew"]),
+            ]
+        )
+    print(
+        table(
+            [
+                "live leases",
+                "renewed ids/step",
+                "table renew µs",
+                "table expire µs",
+                "table step µs",
+                "table step p99 µs",
+                "full scan step µs",
+                "full scan p99 µs",
+                "full scan / table",
+                "table step / renew",
+            ],
+            rows,
+        )
+    )
     big = results[-1]
-    print(f"targets at {big['n']:,}: step >= 10x cheaper than full scan: "
-          f"{'met' if big['base_step'] >= 10 * big['step'] else 'MISSED'} "
-          f"({ratio(big['base_step'], big['step'])}); step within 2x of renewals alone: "
-          f"{'met' if big['step'] <= 2 * big['renew'] else 'MISSED'} "
-          f"({ratio(big['step'], big['renew'])})")
+    print(
+        f"targets at {big['n']:,}: step >= 10x cheaper than full scan: "
+        f"{'met' if big['base_step'] >= 10 * big['step'] else 'MISSED'} "
+        f"({ratio(big['base_step'], big['step'])}); step within 2x of renewals alone: "
+        f"{'met' if big['step'] <= 2 * big['renew'] else 'MISSED'} "
+        f"({ratio(big['step'], big['renew'])})"
+    )
     return 0
 
 

@@ -111,12 +111,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         k[0] += 1
 
     churn = (best(ours_churn, 20_000), best(up_churn, 20_000))
-    print(f"decode-side heartbeat schedule: {n:,} tracked requests over {m} engines; "
-          f"best of 5; {machine()}")
-    rows = [["due(): nothing due", us(idle[0]), us(idle[1]), ratio(idle[0], idle[1])],
-            ["due(): every engine due", us(full[0]), us(full[1]), ratio(full[0], full[1])],
-            ["track + untrack one request", us(churn[0]), us(churn[1]),
-             ratio(churn[0], churn[1])]]
+    print(
+        f"decode-side heartbeat schedule: {n:,} tracked requests over {m} engines; "
+        f"best of 5; {machine()}"
+    )
+    rows = [
+        ["due(): nothing due", us(idle[0]), us(idle[1]), ratio(idle[0], idle[1])],
+        ["due(): every engine due", us(full[0]), us(full[1]), ratio(full[0], full[1])],
+        ["track + untrack one request", us(churn[0]), us(churn[1]), ratio(churn[0], churn[1])],
+    ]
     print(table(["step", "tracker µs", "upstream-style µs", "tracker / upstream"], rows))
     return 0
 

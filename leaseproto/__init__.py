@@ -3,21 +3,46 @@ serving, as a clock-free core (every time-dependent call takes ``now``).
 
 Prefill side: :class:`LeaseTable`. Decode side: :class:`HeartbeatTracker`.
 Between them: :mod:`leaseproto.wire`. Bidirectional reads: :class:`ClockOffset`.
+
+The names below are the public API; they live in :mod:`leaseproto.core`.
 """
 
 from __future__ import annotations
 
-from . import wire
-from ._clock import ClockOffset
-from ._config import LeaseConfig
-from ._errors import LeaseProtocolError, LocalProtocolError, RemoteProtocolError
-from ._events import LateTransfer, Release, ReleaseReason
-from ._state import TRANSITIONS, Guard, Input, LeaseState, Transition
-from ._table import LeaseTable, TableStats
-from ._tracker import HeartbeatTracker, TrackerStats
-from .wire import MalformedMessage
+import sys
+from importlib.metadata import PackageNotFoundError, version
 
-__version__ = "0.1.0"
+from .core import (
+    TRANSITIONS,
+    ClockOffset,
+    Guard,
+    HeartbeatTracker,
+    Input,
+    LateTransfer,
+    LeaseConfig,
+    LeaseProtocolError,
+    LeaseState,
+    LeaseTable,
+    LocalProtocolError,
+    MalformedMessage,
+    Release,
+    ReleaseReason,
+    RemoteProtocolError,
+    TableStats,
+    TrackerStats,
+    Transition,
+    wire,
+)
+
+# `import leaseproto.wire` and `from leaseproto.wire import ...` name the core's module itself.
+sys.modules[f"{__name__}.wire"] = wire
+
+try:
+    __version__ = version("leaseproto")
+except (
+    PackageNotFoundError
+):  # pragma: no cover - imported from a source tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "TRANSITIONS",

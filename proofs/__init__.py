@@ -1,8 +1,12 @@
 """z3 proofs of the lease protocol's invariants over the rules the runtime executes.
 
-``python -m proofs`` (or ``leaseproto prove``) checks every obligation; see
-:mod:`proofs.check`. Models: :mod:`proofs.model` (one lease on P, one engine
-on D, the read gate) and :mod:`proofs.timing_model` (both sides composed in real
-time); invariants by id: :mod:`proofs.invariants`, :mod:`proofs.timing`;
-schedules showing each assumption is needed: :mod:`proofs.counterexamples`.
+``python -m leaseproto.proofs`` (or ``leaseproto prove``) checks every obligation; see
+:mod:`leaseproto.proofs.check`. Models: :mod:`leaseproto.proofs.model` (one lease on P, one engine
+on D, the read gate) and :mod:`leaseproto.proofs.timing_model` (both sides composed in real
+time); invariants by id: :mod:`leaseproto.proofs.invariants`, :mod:`leaseproto.proofs.timing`;
+schedules showing each assumption is needed: :mod:`leaseproto.proofs.counterexamples`.
+
+This folder sits at the top of the repository for readers and is installed as
+the subpackage ``leaseproto.proofs`` (``pyproject.toml`` maps it), so a wheel
+adds no top-level ``proofs`` package.
 """

@@ -1,5 +1,5 @@
 import sys
 
-from proofs.check import main
+from .check import main
 
 sys.exit(main())

@@ -36,11 +36,15 @@ class Run:
     reason: str = ""
 
 
-def unroll(sys_: System, skeleton: Sequence[Step], goal: Callable[[Any, Any], Any], *,
-           pins: dict[str, Any] | None = None,
-           extra: Callable[[Any], Any] | None = None,
-           start: Callable[[Any], Any] | None = None,
-           ) -> tuple[list[Any], Callable[[Any], tuple[Vars, list[Any]]]]:
+def unroll(
+    sys_: System,
+    skeleton: Sequence[Step],
+    goal: Callable[[Any, Any], Any],
+    *,
+    pins: dict[str, Any] | None = None,
+    extra: Callable[[Any], Any] | None = None,
+    start: Callable[[Any], Any] | None = None,
+) -> tuple[list[Any], Callable[[Any], tuple[Vars, list[Any]]]]:
     """The assertions of a run along ``skeleton`` from an initial state (also
     satisfying ``start``) to ``goal``, parameters pinned to ``pins`` and
     constrained by ``extra``; and a decoder from a model to ``(params, steps)``."""
@@ -80,14 +84,21 @@ def unroll(sys_: System, skeleton: Sequence[Step], goal: Callable[[Any, Any], An
             name = names[m.eval(pick, model_completion=True).as_long()]
             steps.append((name, states[k], args_k[name], states[k + 1]))
         return p, steps
+
     return out, decode
 
 
-def search(sys_: System, skeleton: Sequence[Step], goal: Callable[[Any, Any], Any], *,
-           pins: dict[str, Any] | None = None,
-           extra: Callable[[Any], Any] | None = None,
-           start: Callable[[Any], Any] | None = None,
-           timeout_ms: int = 20_000, seed: int = 0) -> Run:
+def search(
+    sys_: System,
+    skeleton: Sequence[Step],
+    goal: Callable[[Any, Any], Any],
+    *,
+    pins: dict[str, Any] | None = None,
+    extra: Callable[[Any], Any] | None = None,
+    start: Callable[[Any], Any] | None = None,
+    timeout_ms: int = 20_000,
+    seed: int = 0,
+) -> Run:
     """Solve :func:`unroll`'s assertions; the schedule when there is one."""
     assertions, decode = unroll(sys_, skeleton, goal, pins=pins, extra=extra, start=start)
     s = z3.Solver()

@@ -70,8 +70,13 @@ def solve(ob: Obligation, timeout_ms: int = TIMEOUT_MS) -> Result:
     answer = s.check()
     took = time.perf_counter() - start
     if answer == z3.unknown:
-        return Result(ob, False, "unknown", took,
-                      [f"z3 answered unknown ({s.reason_unknown()}): counted as FAIL"])
+        return Result(
+            ob,
+            False,
+            "unknown",
+            took,
+            [f"z3 answered unknown ({s.reason_unknown()}): counted as FAIL"],
+        )
     got = "sat" if answer == z3.sat else "unsat"
     if got == ob.expect:
         return Result(ob, True, got, took, [])
@@ -108,51 +113,108 @@ def system_obligations(sys_: System, invs: Sequence[Any]) -> list[Obligation]:
     def params_line(m: Any) -> str:
         return "params: " + render(m, p.items())
 
-    obs = [Obligation(n, "init sat", (), "sat", [ax, sys_.init(s, p)],
-                      why="the axioms and initial states are unsatisfiable")]
+    obs = [
+        Obligation(
+            n,
+            "init sat",
+            (),
+            "sat",
+            [ax, sys_.init(s, p)],
+            why="the axioms and initial states are unsatisfiable",
+        )
+    ]
     for i in state_invs:
-        obs.append(Obligation(
-            n, f"init => {i.id}", (i.id,), "unsat", [ax, sys_.init(s, p), z3.Not(i.pred(s, p))],
-            lambda m, s=s: ["initial state: " + render(m, s.items()), params_line(m)],
-            why=f"an initial state violates {i.id}: {i.text}"))
+        obs.append(
+            Obligation(
+                n,
+                f"init => {i.id}",
+                (i.id,),
+                "unsat",
+                [ax, sys_.init(s, p), z3.Not(i.pred(s, p))],
+                lambda m, s=s: ["initial state: " + render(m, s.items()), params_line(m)],
+                why=f"an initial state violates {i.id}: {i.text}",
+            )
+        )
     for t in sys_.transitions:
         a = sys_.args(t, "0")
         rel = sys_.relation(t, s, s2, a, p)
         out = t.outputs(s, a, p) if t.outputs else {}
         wit = t.witness(s, s2, a, p) if t.witness else z3.BoolVal(True)
-        obs.append(Obligation(n, f"{t.name} enabled", (), "sat", [ax, *all_pre, rel, wit],
-                              why=f"transition {t.name} never reaches its witness from a "
-                                  "state satisfying the invariants: proofs would be vacuous"))
+        obs.append(
+            Obligation(
+                n,
+                f"{t.name} enabled",
+                (),
+                "sat",
+                [ax, *all_pre, rel, wit],
+                why=f"transition {t.name} never reaches its witness from a "
+                "state satisfying the invariants: proofs would be vacuous",
+            )
+        )
 
         def cti(m: Any, a: Any = a, t: Any = t) -> list[str]:
-            return ["before: " + render(m, s.items()),
-                    f"{t.name}({render(m, a.items())})",
-                    "after:  " + (render(m, _changed(m, s, s2)) or "(nothing changed)"),
-                    params_line(m)]
+            return [
+                "before: " + render(m, s.items()),
+                f"{t.name}({render(m, a.items())})",
+                "after:  " + (render(m, _changed(m, s, s2)) or "(nothing changed)"),
+                params_line(m),
+            ]
 
         for i in state_invs:
-            obs.append(Obligation(
-                n, f"{i.id} preserved by {t.name}", (i.id,), "unsat",
-                [ax, *all_pre, rel, z3.Not(i.pred(s2, p))], cti,
-                why=f"invariant {i.id} is not preserved by transition {t.name}: {i.text}"))
+            obs.append(
+                Obligation(
+                    n,
+                    f"{i.id} preserved by {t.name}",
+                    (i.id,),
+                    "unsat",
+                    [ax, *all_pre, rel, z3.Not(i.pred(s2, p))],
+                    cti,
+                    why=f"invariant {i.id} is not preserved by transition {t.name}: {i.text}",
+                )
+            )
         for i in step_invs:
-            obs.append(Obligation(
-                n, f"{i.id} holds across {t.name}", (i.id,), "unsat",
-                [ax, *all_pre, rel, z3.Not(i.pred(s, s2, a, p, t=t, out=out))], cti,
-                why=f"step property {i.id} fails on transition {t.name}: {i.text}"))
+            obs.append(
+                Obligation(
+                    n,
+                    f"{i.id} holds across {t.name}",
+                    (i.id,),
+                    "unsat",
+                    [ax, *all_pre, rel, z3.Not(i.pred(s, s2, a, p, t=t, out=out))],
+                    cti,
+                    why=f"step property {i.id} fails on transition {t.name}: {i.text}",
+                )
+            )
     return obs
 
 
 def theorem_obligations(theorems: Sequence[model.Theorem]) -> list[Obligation]:
     obs = []
     for th in theorems:
+
         def show(m: Any, th: Any = th) -> list[str]:
             return ["values: " + render(m, th.show.items())]
-        obs.append(Obligation(th.system, f"{th.id} {th.name}: hypotheses sat", (th.id,),
-                              "sat", [th.hyps], why=f"{th.id}: hypotheses are unsatisfiable"))
-        obs.append(Obligation(th.system, f"{th.id} {th.name}", (th.id,), "unsat",
-                              [th.hyps, z3.Not(th.goal)], show,
-                              why=f"theorem {th.id} is false: {th.text}"))
+
+        obs.append(
+            Obligation(
+                th.system,
+                f"{th.id} {th.name}: hypotheses sat",
+                (th.id,),
+                "sat",
+                [th.hyps],
+                why=f"{th.id}: hypotheses are unsatisfiable",
+            )
+        )
+        obs.append(
+            Obligation(
+                th.system,
+                f"{th.id} {th.name}",
+                (th.id,),
+                "unsat",
+                [th.hyps, z3.Not(th.goal)],
+                show,
+                why=f"theorem {th.id} is false: {th.text}",
+            )
+        )
     return obs
 
 
@@ -161,10 +223,14 @@ def all_obligations(system: str | None = None) -> list[Obligation]:
     from the current rules."""
     obs: list[Obligation] = []
     if system is None or not system.startswith("timing"):
-        for sys_ in (model.lease_system(cap=False), model.lease_system(cap=True),
-                     model.engine_system()):
-            obs += system_obligations(sys_, [i for i in inv_mod.INVARIANTS
-                                             if i.system == sys_.name])
+        for sys_ in (
+            model.lease_system(cap=False),
+            model.lease_system(cap=True),
+            model.engine_system(),
+        ):
+            obs += system_obligations(
+                sys_, [i for i in inv_mod.INVARIANTS if i.system == sys_.name]
+            )
         obs += theorem_obligations(model.gate_theorems())
         obs += theorem_obligations(timing.theorems())
     if system is None or system.startswith("timing"):
@@ -182,16 +248,28 @@ def witness_obligations() -> list[Obligation]:
         if case.expect_bad:
             continue
         sys_ = cx.case_system(case)
-        assertions, _ = bmc.unroll(sys_, case.skeleton, case.goal, pins=case.pins,
-                                   extra=case.extra, start=cx.case_start(case))
-        obs.append(Obligation(sys_.name, f"reachable: {case.name.removeprefix('witness: ')} "
-                              f"({len(case.skeleton)} steps)", ("I8", "I6"), "sat", assertions,
-                              why=f"no run of the composed model shows {case.claim}"))
+        assertions, _ = bmc.unroll(
+            sys_,
+            case.skeleton,
+            case.goal,
+            pins=case.pins,
+            extra=case.extra,
+            start=cx.case_start(case),
+        )
+        obs.append(
+            Obligation(
+                sys_.name,
+                f"reachable: {case.name.removeprefix('witness: ')} ({len(case.skeleton)} steps)",
+                ("I8", "I6"),
+                "sat",
+                assertions,
+                why=f"no run of the composed model shows {case.claim}",
+            )
+        )
     return obs
 
 
-def select(obs: list[Obligation], only: str | None,
-           system: str | None = None) -> list[Obligation]:
+def select(obs: list[Obligation], only: str | None, system: str | None = None) -> list[Obligation]:
     """The obligations of invariant ``only``: in each system that has it, its own,
     the supporting lemmas (``L...``) its proof relies on, and the sat checks.
     ``system`` keeps one system's obligations."""
@@ -203,11 +281,17 @@ def select(obs: list[Obligation], only: str | None,
 
     def wanted(o: Obligation) -> bool:
         return not o.ids or only in o.ids or all(i.startswith("L") for i in o.ids)
+
     return [o for o in obs if o.system in systems and wanted(o)]
 
 
-def run(only: str | None = None, timeout_ms: int = TIMEOUT_MS, out: Any = None,
-        counterexamples: bool = False, system: str | None = None) -> int:
+def run(
+    only: str | None = None,
+    timeout_ms: int = TIMEOUT_MS,
+    out: Any = None,
+    counterexamples: bool = False,
+    system: str | None = None,
+) -> int:
     """Check everything (or what ``only`` names); print a line per obligation.
     Returns the exit status: 0 when every obligation is ok."""
     out = out or sys.stdout
@@ -239,8 +323,14 @@ def run(only: str | None = None, timeout_ms: int = TIMEOUT_MS, out: Any = None,
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m proofs", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m leaseproto.proofs", description=__doc__.split("\n")[0]
+    )
     add_arguments(ap)
     args = ap.parse_args(argv)
-    return run(only=args.only, timeout_ms=args.timeout_ms,
-               counterexamples=args.counterexamples, system=args.system)
+    return run(
+        only=args.only,
+        timeout_ms=args.timeout_ms,
+        counterexamples=args.counterexamples,
+        system=args.system,
+    )

@@ -36,18 +36,22 @@ class Invariant(NamedTuple):
 
 
 def _both(name: str, kind: str, text: str, pred: Any) -> list[Invariant]:
-    return [Invariant(name, "lease", kind, text, pred),
-            Invariant(name, "lease-cap", kind, text, pred)]
+    return [
+        Invariant(name, "lease", kind, text, pred),
+        Invariant(name, "lease-cap", kind, text, pred),
+    ]
 
 
 def _wf(s: Any, p: Any) -> Any:
     live_or_ended = s.st != ABSENT
     return z3.And(
-        s.st >= min(STATE_NAMES), s.st <= max(STATE_NAMES),
+        s.st >= min(STATE_NAMES),
+        s.st <= max(STATE_NAMES),
         s.swept <= s.now,
         z3.Implies(s.st == ABSENT, z3.And(s.done == 0, z3.Not(s.has_lr))),
-        z3.Implies(live_or_ended, z3.And(s.consumers >= 1, s.ttl > 0, s.done >= 0,
-                                          s.granted_at <= s.now)),
+        z3.Implies(
+            live_or_ended, z3.And(s.consumers >= 1, s.ttl > 0, s.done >= 0, s.granted_at <= s.now)
+        ),
         z3.Implies(s.has_lr, z3.And(s.granted_at <= s.lr, s.lr <= s.now)),
         z3.Implies(ended(s.st), z3.And(s.granted_at <= s.ended_at, s.ended_at <= s.now)),
     )
@@ -63,8 +67,9 @@ def _i1(s: Any, s2: Any, a: Any, p: Any, *, t: Any, out: Any) -> Any:
 
 def _i2(s: Any, s2: Any, a: Any, p: Any, *, t: Any, out: Any) -> Any:
     parts = [
-        z3.Implies(ended(s.st), z3.And(s2.st == s.st, s2.deadline == s.deadline,
-                                       s2.done == s.done)),
+        z3.Implies(
+            ended(s.st), z3.And(s2.st == s.st, s2.deadline == s.deadline, s2.done == s.done)
+        ),
         z3.Implies(s2.st == GRANTED, s.st == GRANTED) if t.name != "grant" else True,
     ]
     if t.name != "grant":
@@ -73,8 +78,7 @@ def _i2(s: Any, s2: Any, a: Any, p: Any, *, t: Any, out: Any) -> Any:
 
 
 def _i3(s: Any, p: Any) -> Any:
-    return z3.And(s.released == z3.If(ended(s.st), 1, 0),
-                  s.grants == z3.If(s.st == ABSENT, 0, 1))
+    return z3.And(s.released == z3.If(ended(s.st), 1, 0), s.grants == z3.If(s.st == ABSENT, 0, 1))
 
 
 def _i4(s: Any, p: Any) -> Any:
@@ -87,8 +91,7 @@ def _ends_by(s: Any, bound: Any) -> Any:
 
 
 def _i5(s: Any, p: Any) -> Any:
-    return z3.Implies(z3.And(s.st == GRANTED, z3.Not(s.has_lr)),
-                      _ends_by(s, s.granted_at + s.ttl))
+    return z3.Implies(z3.And(s.st == GRANTED, z3.Not(s.has_lr)), _ends_by(s, s.granted_at + s.ttl))
 
 
 def _i6(s: Any, p: Any) -> Any:
@@ -97,14 +100,15 @@ def _i6(s: Any, p: Any) -> Any:
 
 
 def _i7(s: Any, p: Any) -> Any:
-    return z3.Implies(s.st == GRANTED,
-                      _ends_by(s, s.granted_at + z3.If(s.ttl >= p.C, s.ttl, p.C)))
+    return z3.Implies(s.st == GRANTED, _ends_by(s, s.granted_at + z3.If(s.ttl >= p.C, s.ttl, p.C)))
 
 
 def _i10(s: Any, p: Any) -> Any:
-    return z3.And(s.done <= z3.If(s.st == ABSENT, 0, s.consumers),
-                  z3.Implies(s.st == GRANTED, s.done < s.consumers),
-                  z3.Implies(s.st == TRANSFERRED, s.done == s.consumers))
+    return z3.And(
+        s.done <= z3.If(s.st == ABSENT, 0, s.consumers),
+        z3.Implies(s.st == GRANTED, s.done < s.consumers),
+        z3.Implies(s.st == TRANSFERRED, s.done == s.consumers),
+    )
 
 
 def _i12(s: Any, p: Any) -> Any:
@@ -113,8 +117,9 @@ def _i12(s: Any, p: Any) -> Any:
 
 # -- engine (D) ---------------------------------------------------------------------------
 def _eng_wf(s: Any, p: Any) -> Any:
-    return z3.And(z3.Implies(z3.Not(s.tracked), z3.Not(s.has_last)),
-                  z3.Implies(s.has_last, s.last <= s.now))
+    return z3.And(
+        z3.Implies(z3.Not(s.tracked), z3.Not(s.has_last)), z3.Implies(s.has_last, s.last <= s.now)
+    )
 
 
 def _i11_state(s: Any, p: Any) -> Any:
@@ -124,8 +129,7 @@ def _i11_state(s: Any, p: Any) -> Any:
 def _i11_gap(s: Any, s2: Any, a: Any, p: Any, *, t: Any, out: Any) -> Any:
     if t.name != "step":
         return z3.BoolVal(True)
-    return z3.Implies(z3.And(out["sent"], s.has_last, z3.Not(s.pend)),
-                      a.t - s.last < p.H + p.S)
+    return z3.Implies(z3.And(out["sent"], s.has_last, z3.Not(s.pend)), a.t - s.last < p.H + p.S)
 
 
 def _i11_turn(s: Any, s2: Any, a: Any, p: Any, *, t: Any, out: Any) -> Any:
@@ -133,33 +137,84 @@ def _i11_turn(s: Any, s2: Any, a: Any, p: Any, *, t: Any, out: Any) -> Any:
         return z3.BoolVal(True)
     return z3.And(
         z3.Implies(a.pending, z3.And(s2.last == s.last, s2.has_last == s.has_last)),
-        z3.Implies(z3.And(z3.Not(a.pending), s.tracked,
-                          z3.Or(z3.Not(s.has_last), a.t - s.last >= p.H)), out["sent"]))
+        z3.Implies(
+            z3.And(z3.Not(a.pending), s.tracked, z3.Or(z3.Not(s.has_last), a.t - s.last >= p.H)),
+            out["sent"],
+        ),
+    )
 
 
 INVARIANTS: list[Invariant] = [
     *_both("L0", "state", "well-formed lease: fields set by the grant, ghosts in range", _wf),
     Invariant("L0", "lease-cap", "state", "cap_at = granted_at + max_lease_lifetime", _cap_wf),
     *_both("I1", "step", "A renewal never shortens a lease (deadline' >= deadline).", _i1),
-    *_both("I2", "step", "An ended lease never comes back: ended states are absorbing; "
-           "no renewal creates or revives a lease.", _i2),
-    *_both("I3", "state", "Every granted lease is released exactly once (one Release per "
-           "grant, on GRANTED -> ended).", _i3),
+    *_both(
+        "I2",
+        "step",
+        "An ended lease never comes back: ended states are absorbing; "
+        "no renewal creates or revives a lease.",
+        _i2,
+    ),
+    *_both(
+        "I3",
+        "state",
+        "Every granted lease is released exactly once (one Release per "
+        "grant, on GRANTED -> ended).",
+        _i3,
+    ),
     *_both("I4", "state", "After expire(now), no live lease has deadline <= now.", _i4),
     *_both("I5", "state", "Without renewals a lease ends by granted_at + ttl.", _i5),
-    *_both("I6", "state", "After P's last received heartbeat at h, the lease ends by "
-           "max(granted_at + ttl, h + lease_extension).", _i6),
-    Invariant("I7", "lease-cap", "state", "With a cap, no lease is held past granted_at + "
-              "max(ttl, max_lease_lifetime).", _i7),
-    *_both("I10", "state", "A lease is released TRANSFERRED only when `consumers` "
-           "transfer-done notifications arrived (done <= consumers always).", _i10),
-    *_both("I12", "state", "P never expires a lease before its deadline on P's clock "
-           "(EXPIRED => deadline <= ended_at).", _i12),
+    *_both(
+        "I6",
+        "state",
+        "After P's last received heartbeat at h, the lease ends by "
+        "max(granted_at + ttl, h + lease_extension).",
+        _i6,
+    ),
+    Invariant(
+        "I7",
+        "lease-cap",
+        "state",
+        "With a cap, no lease is held past granted_at + max(ttl, max_lease_lifetime).",
+        _i7,
+    ),
+    *_both(
+        "I10",
+        "state",
+        "A lease is released TRANSFERRED only when `consumers` "
+        "transfer-done notifications arrived (done <= consumers always).",
+        _i10,
+    ),
+    *_both(
+        "I12",
+        "state",
+        "P never expires a lease before its deadline on P's clock "
+        "(EXPIRED => deadline <= ended_at).",
+        _i12,
+    ),
     Invariant("L0", "engine", "state", "an untracked engine has no heartbeat timer", _eng_wf),
-    Invariant("I11", "engine", "state", "After a step in which it was not pending, a tracked "
-              "engine is never overdue (now - last < heartbeat_interval).", _i11_state),
-    Invariant("I11", "engine", "step", "Every tracked engine not pending gets a heartbeat "
-              "less than heartbeat_interval + step after its previous one.", _i11_gap),
-    Invariant("I11", "engine", "step", "A pending engine keeps its turn: a pending step never "
-              "consumes it, and the first step not pending sends once due.", _i11_turn),
+    Invariant(
+        "I11",
+        "engine",
+        "state",
+        "After a step in which it was not pending, a tracked "
+        "engine is never overdue (now - last < heartbeat_interval).",
+        _i11_state,
+    ),
+    Invariant(
+        "I11",
+        "engine",
+        "step",
+        "Every tracked engine not pending gets a heartbeat "
+        "less than heartbeat_interval + step after its previous one.",
+        _i11_gap,
+    ),
+    Invariant(
+        "I11",
+        "engine",
+        "step",
+        "A pending engine keeps its turn: a pending step never "
+        "consumes it, and the first step not pending sends once due.",
+        _i11_turn,
+    ),
 ]

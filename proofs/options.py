@@ -1,4 +1,4 @@
-"""The command-line options of ``python -m proofs`` and ``leaseproto prove``
+"""The command-line options of ``python -m leaseproto.proofs`` and ``leaseproto prove``
 (no z3 import here, so ``leaseproto --help`` stays light)."""
 
 from __future__ import annotations
@@ -10,13 +10,25 @@ SYSTEMS = "lease, lease-cap, engine, gate, timing, timing-cap, timing-bounded"
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--only", metavar="ID", default=None,
-                    help="only the obligations of one invariant id (e.g. I3), with the "
-                         "lemmas its proof uses")
-    ap.add_argument("--system", metavar="NAME", default=None,
-                    help=f"only one system's obligations ({SYSTEMS})")
-    ap.add_argument("--counterexamples", action="store_true",
-                    help="also print the schedules showing each timing assumption is needed "
-                         "and each naive variant is broken")
-    ap.add_argument("--timeout-ms", type=int, default=TIMEOUT_MS, metavar="MS",
-                    help=f"z3 timeout per obligation (default {TIMEOUT_MS})")
+    ap.add_argument(
+        "--only",
+        metavar="ID",
+        default=None,
+        help="only the obligations of one invariant id (e.g. I3), with the lemmas its proof uses",
+    )
+    ap.add_argument(
+        "--system", metavar="NAME", default=None, help=f"only one system's obligations ({SYSTEMS})"
+    )
+    ap.add_argument(
+        "--counterexamples",
+        action="store_true",
+        help="also print the schedules showing each timing assumption is needed "
+        "and each naive variant is broken",
+    )
+    ap.add_argument(
+        "--timeout-ms",
+        type=int,
+        default=TIMEOUT_MS,
+        metavar="MS",
+        help=f"z3 timeout per obligation (default {TIMEOUT_MS})",
+    )

@@ -8,7 +8,7 @@ the clock-rate drift bound (every clock runs at a rate within [1-rho, 1+rho] of 
 time, with any offset: each side measures only durations on its own clock). All
 are real-valued unknowns; the proofs hold for every value satisfying the stated
 inequalities. The model is :mod:`proofs.timing_model`; P's and D's rules in it
-are :mod:`leaseproto._rules` evaluated on z3 terms.
+are :mod:`leaseproto.core.rules` evaluated on z3 terms.
 
 Assumptions (axioms of the proofs; ``H' = H/(1-rho)`` is the longest real time
 D's interval timer takes to run out)::
@@ -74,7 +74,7 @@ from typing import Any
 
 import z3
 
-from leaseproto import _rules as R
+from leaseproto.core import rules as R
 
 from .invariants import Invariant
 from .model import ABSENT, EXPIRED, GRANTED, Theorem
@@ -102,66 +102,101 @@ def reclaim_by(s: Any, p: Any) -> Any:
 def _steps_and_clocks(s: Any, p: Any) -> Any:
     lo, hi = 1 - p.rho, 1 + p.rho
     return z3.And(
-        s.lastP <= s.tau, s.tau <= s.lastP + p.SP, s.lastDs <= s.tau,
+        s.lastP <= s.tau,
+        s.tau <= s.lastP + p.SP,
+        s.lastDs <= s.tau,
         z3.Implies(z3.Not(s.silent), s.tau <= s.lastDs + p.SD),
         z3.Implies(s.silent, s.tsil <= s.tau),
-        z3.Implies(s.st != ABSENT, z3.And(s.tg <= s.tau, lo * (s.tau - s.tg) <= s.cP - s.cg,
-                                          s.cP - s.cg <= hi * (s.tau - s.tg))),
+        z3.Implies(
+            s.st != ABSENT,
+            z3.And(
+                s.tg <= s.tau,
+                lo * (s.tau - s.tg) <= s.cP - s.cg,
+                s.cP - s.cg <= hi * (s.tau - s.tg),
+            ),
+        ),
         z3.Implies(s.st == ABSENT, z3.And(z3.Not(s.tracked), z3.Not(s.hash))),
-        z3.Implies(s.hash, z3.And(s.tg <= s.th, s.th <= s.tau,
-                                  s.cP - s.ch >= lo * (s.tau - s.th))))
+        z3.Implies(s.hash, z3.And(s.tg <= s.th, s.th <= s.tau, s.cP - s.ch >= lo * (s.tau - s.th))),
+    )
 
 
 def _engine(s: Any, p: Any) -> Any:
     lo = 1 - p.rho
     return z3.And(
-        z3.Implies(s.tracked, z3.And(s.tg <= s.ttrack, s.ttrack <= s.tau,
-                                     s.ttrack <= s.tg + p.R)),
-        z3.Implies(z3.And(z3.Not(s.tracked), z3.Not(s.silent), s.st != ABSENT),
-                   s.tau <= s.tg + p.R),
-        z3.Implies(z3.And(s.tracked, z3.Not(s.conn)),
-                   z3.And(z3.Not(s.hasD), z3.Not(s.out),
-                          z3.Implies(z3.Not(s.silent), s.tau <= s.ttrack + p.K))),
+        z3.Implies(s.tracked, z3.And(s.tg <= s.ttrack, s.ttrack <= s.tau, s.ttrack <= s.tg + p.R)),
+        z3.Implies(
+            z3.And(z3.Not(s.tracked), z3.Not(s.silent), s.st != ABSENT), s.tau <= s.tg + p.R
+        ),
+        z3.Implies(
+            z3.And(s.tracked, z3.Not(s.conn)),
+            z3.And(
+                z3.Not(s.hasD), z3.Not(s.out), z3.Implies(z3.Not(s.silent), s.tau <= s.ttrack + p.K)
+            ),
+        ),
         z3.Implies(s.hasD, z3.And(s.tsD <= s.tau, s.cD - s.lastD >= lo * (s.tau - s.tsD))),
-        z3.Implies(z3.And(s.tracked, s.hasD),
-                   z3.And(s.conn, s.tsD <= s.lastDs, lo * (s.lastDs - s.tsD) < p.H)),
-        z3.Implies(z3.Not(s.tracked), z3.And(z3.Not(s.out), z3.Not(s.renewed), z3.Not(s.hasO))))
+        z3.Implies(
+            z3.And(s.tracked, s.hasD),
+            z3.And(s.conn, s.tsD <= s.lastDs, lo * (s.lastDs - s.tsD) < p.H),
+        ),
+        z3.Implies(z3.Not(s.tracked), z3.And(z3.Not(s.out), z3.Not(s.renewed), z3.Not(s.hasO))),
+    )
 
 
 def _in_flight(s: Any, p: Any) -> Any:
     hi = 1 + p.rho
     return z3.And(
-        z3.Implies(s.out, z3.And(s.tracked, s.hasD, s.hasO, s.ttrack <= s.tout,
-                                 s.tout <= s.tsD, s.tout <= s.tso,
-                                 s.tau <= s.tout + p.dl + p.SP)),
+        z3.Implies(
+            s.out,
+            z3.And(
+                s.tracked,
+                s.hasD,
+                s.hasO,
+                s.ttrack <= s.tout,
+                s.tout <= s.tsD,
+                s.tout <= s.tso,
+                s.tau <= s.tout + p.dl + p.SP,
+            ),
+        ),
         z3.Implies(s.hasO, z3.And(s.tracked, s.hasD, s.ttrack <= s.tso, s.tso <= s.tsD)),
-        z3.Implies(s.renewed, z3.And(s.tracked, s.hasD, s.tg <= s.tr, s.tr <= s.tau,
-                                     s.cP - s.cr <= hi * (s.tau - s.tr))),
+        z3.Implies(
+            s.renewed,
+            z3.And(
+                s.tracked, s.hasD, s.tg <= s.tr, s.tr <= s.tau, s.cP - s.cr <= hi * (s.tau - s.tr)
+            ),
+        ),
         z3.Implies(z3.And(s.renewed, z3.Not(s.out)), s.tsD <= s.tr),
-        z3.Implies(z3.And(z3.Not(s.renewed), s.tracked, z3.Not(s.out), s.hasD),
-                   s.tsD <= s.ttrack))
+        z3.Implies(z3.And(z3.Not(s.renewed), s.tracked, z3.Not(s.out), s.hasD), s.tsD <= s.ttrack),
+    )
 
 
 def _schedule(s: Any, p: Any) -> Any:
     b = next_renewal_by(s, p)
-    return z3.Implies(z3.Not(s.silent), z3.And(
-        z3.Implies(z3.And(s.tracked, s.out), s.tout + p.dl + p.SP <= b),
-        z3.Implies(z3.And(s.tracked, s.conn, z3.Not(s.out), z3.Not(s.hasD)),
-                   s.lastDs + _w(p) <= b),
-        z3.Implies(z3.And(s.tracked, s.conn, z3.Not(s.out), s.hasD),
-                   s.tsD + hq(p) + _w(p) <= b),
-        z3.Implies(z3.And(s.tracked, z3.Not(s.conn)), s.ttrack + p.K + _w(p) <= b),
-        z3.Implies(s.st != ABSENT, s.tau <= b)))
+    return z3.Implies(
+        z3.Not(s.silent),
+        z3.And(
+            z3.Implies(z3.And(s.tracked, s.out), s.tout + p.dl + p.SP <= b),
+            z3.Implies(
+                z3.And(s.tracked, s.conn, z3.Not(s.out), z3.Not(s.hasD)), s.lastDs + _w(p) <= b
+            ),
+            z3.Implies(
+                z3.And(s.tracked, s.conn, z3.Not(s.out), s.hasD), s.tsD + hq(p) + _w(p) <= b
+            ),
+            z3.Implies(z3.And(s.tracked, z3.Not(s.conn)), s.ttrack + p.K + _w(p) <= b),
+            z3.Implies(s.st != ABSENT, s.tau <= b),
+        ),
+    )
 
 
 def _covers(s: Any, p: Any) -> Any:
     hi = 1 + p.rho
     return z3.And(
         z3.Implies(s.st == GRANTED, s.deadline >= s.cg + p.L),
-        z3.Implies(z3.And(s.st == GRANTED, s.renewed, z3.Not(s.silent)),
-                   s.deadline >= s.cr + p.E),
-        z3.Implies(z3.And(s.st == GRANTED, z3.Not(s.silent)),
-                   s.cP + hi * (next_renewal_by(s, p) - s.tau) < s.deadline))
+        z3.Implies(z3.And(s.st == GRANTED, s.renewed, z3.Not(s.silent)), s.deadline >= s.cr + p.E),
+        z3.Implies(
+            z3.And(s.st == GRANTED, z3.Not(s.silent)),
+            s.cP + hi * (next_renewal_by(s, p) - s.tau) < s.deadline,
+        ),
+    )
 
 
 def _p_clock_bound(s: Any, p: Any) -> Any:
@@ -170,8 +205,10 @@ def _p_clock_bound(s: Any, p: Any) -> Any:
 
 
 def _cap_bound(s: Any, p: Any) -> Any:
-    return z3.And(z3.Implies(s.st != ABSENT, s.cap_at == s.cg + p.C),
-                  z3.Implies(s.st == GRANTED, s.deadline <= s.cg + vmax(p.L, p.C)))
+    return z3.And(
+        z3.Implies(s.st != ABSENT, s.cap_at == s.cg + p.C),
+        z3.Implies(s.st == GRANTED, s.deadline <= s.cg + vmax(p.L, p.C)),
+    )
 
 
 def _reaped(s: Any, p: Any) -> Any:
@@ -183,8 +220,9 @@ def _i6(s: Any, p: Any) -> Any:
 
 
 def _i5(s: Any, p: Any) -> Any:
-    return z3.Implies(z3.And(s.st == GRANTED, z3.Not(s.hash)),
-                      s.tau < s.tg + p.L / (1 - p.rho) + p.SP)
+    return z3.Implies(
+        z3.And(s.st == GRANTED, z3.Not(s.hash)), s.tau < s.tg + p.L / (1 - p.rho) + p.SP
+    )
 
 
 def _i7(s: Any, p: Any) -> Any:
@@ -193,8 +231,10 @@ def _i7(s: Any, p: Any) -> Any:
 
 
 def _silent_th(s: Any, p: Any) -> Any:
-    return z3.And(z3.Implies(z3.And(s.silent, s.hasO), s.tso <= s.tsil),
-                  z3.Implies(z3.And(s.silent, s.hash), s.th <= s.tsil + p.dl + p.SP))
+    return z3.And(
+        z3.Implies(z3.And(s.silent, s.hasO), s.tso <= s.tsil),
+        z3.Implies(z3.And(s.silent, s.hash), s.th <= s.tsil + p.dl + p.SP),
+    )
 
 
 def _i6_silent(s: Any, p: Any) -> Any:
@@ -204,8 +244,7 @@ def _i6_silent(s: Any, p: Any) -> Any:
 
 
 def _i11(s: Any, p: Any) -> Any:
-    return z3.Implies(z3.And(s.tracked, s.hasD, z3.Not(s.silent)),
-                      s.tau < s.tsD + hq(p) + p.SD)
+    return z3.Implies(z3.And(s.tracked, s.hasD, z3.Not(s.silent)), s.tau < s.tsD + hq(p) + p.SD)
 
 
 def _i8(s: Any, p: Any) -> Any:
@@ -216,24 +255,33 @@ def _inv(iid: str, system: str, text: str, pred: Any) -> Invariant:
     return Invariant(iid, system, "state", text, pred)
 
 
-def invariants_for(name: str, cap: bool = False, bounded: bool = False,
-                   schedule: bool = True) -> list[Invariant]:
+def invariants_for(
+    name: str, cap: bool = False, bounded: bool = False, schedule: bool = True
+) -> list[Invariant]:
     """The invariants of one composed system."""
     invs = [
-        _inv("L1", name, "steps are at most S_P / S_D apart; clocks within drift",
-             _steps_and_clocks),
-        _inv("L2", name, "D's engine: tracked within R, connected within K, never "
-             "overdue after a step (I11 in real time)", _engine),
-        _inv("L3", name, "the oldest unprocessed heartbeat and the last applied one",
-             _in_flight),
+        _inv(
+            "L1", name, "steps are at most S_P / S_D apart; clocks within drift", _steps_and_clocks
+        ),
+        _inv(
+            "L2",
+            name,
+            "D's engine: tracked within R, connected within K, never "
+            "overdue after a step (I11 in real time)",
+            _engine,
+        ),
+        _inv("L3", name, "the oldest unprocessed heartbeat and the last applied one", _in_flight),
         _inv("L4", name, "P's deadline on its clock: max(cg + L, ch + E)", _p_clock_bound),
         _inv("L5", name, "P's last step came before the lease was due", _reaped),
-        _inv("I11", name, "while D steps, a tracked engine's last heartbeat is always less "
-             "than H/(1-rho) + S_D old (real time)", _i11),
-        _inv("I5", name, "without renewals the lease is freed by tg + L/(1-rho) + S_P",
-             _i5),
-        _inv("I6", name, "the lease is freed by max(tg + L/(1-rho), th + E/(1-rho)) + S_P",
-             _i6),
+        _inv(
+            "I11",
+            name,
+            "while D steps, a tracked engine's last heartbeat is always less "
+            "than H/(1-rho) + S_D old (real time)",
+            _i11,
+        ),
+        _inv("I5", name, "without renewals the lease is freed by tg + L/(1-rho) + S_P", _i5),
+        _inv("I6", name, "the lease is freed by max(tg + L/(1-rho), th + E/(1-rho)) + S_P", _i6),
     ]
     if schedule:
         invs += [
@@ -242,28 +290,48 @@ def invariants_for(name: str, cap: bool = False, bounded: bool = False,
             _inv("I8", name, "while D has not gone silent the lease is never EXPIRED", _i8),
         ]
     if cap:
-        invs.append(_inv("I7", name, "with a cap the lease is freed by tg + max(L, C)/(1-rho) "
-                         "+ S_P", _i7))
-        invs.append(_inv("L8", name, "cap_at = cg + C; deadline <= cg + max(L, C)",
-                         _cap_bound))
+        invs.append(
+            _inv("I7", name, "with a cap the lease is freed by tg + max(L, C)/(1-rho) + S_P", _i7)
+        )
+        invs.append(_inv("L8", name, "cap_at = cg + C; deadline <= cg + max(L, C)", _cap_bound))
     if bounded:
-        invs.append(_inv("L9", name, "after silence, P applies no heartbeat later than "
-                         "tsil + dl + S_P", _silent_th))
-        invs.append(_inv("I6", name, "after D goes silent at tsil, the lease is freed by "
-                         "max(tg + L/(1-rho), tsil + dl + S_P + E/(1-rho)) + S_P",
-                         _i6_silent))
+        invs.append(
+            _inv(
+                "L9",
+                name,
+                "after silence, P applies no heartbeat later than tsil + dl + S_P",
+                _silent_th,
+            )
+        )
+        invs.append(
+            _inv(
+                "I6",
+                name,
+                "after D goes silent at tsil, the lease is freed by "
+                "max(tg + L/(1-rho), tsil + dl + S_P + E/(1-rho)) + S_P",
+                _i6_silent,
+            )
+        )
     return invs
 
 
 def systems() -> list[tuple[Any, list[Invariant]]]:
     """The composed systems proven, each with its invariants (built now)."""
     out = []
-    for opts, schedule in ((Options(), True), (Options(cap=True), False),
-                           (Options(strays="bounded"), False)):
+    for opts, schedule in (
+        (Options(), True),
+        (Options(cap=True), False),
+        (Options(strays="bounded"), False),
+    ):
         sys_ = build(opts)
-        out.append((sys_, invariants_for(sys_.name, cap=opts.cap,
-                                         bounded=opts.strays == "bounded",
-                                         schedule=schedule)))
+        out.append(
+            (
+                sys_,
+                invariants_for(
+                    sys_.name, cap=opts.cap, bounded=opts.strays == "bounded", schedule=schedule
+                ),
+            )
+        )
     return out
 
 
@@ -274,12 +342,38 @@ def theorems() -> list[Theorem]:
     # local clock reads cl_b at real tau_b (when the peer read T) and now at real tau
     offset, unc = peer_t - (t0 + t1) / 2, (t1 - t0) / 2
     hyps = z3.And(
-        rho >= 0, rho < 1, margin >= 0, t0 <= cl_b, cl_b <= t1, tau_b <= tau, t1 <= now,
-        drift(cl_b, now, tau - tau_b, rho), drift(peer_t, cq, tau - tau_b, rho),
+        rho >= 0,
+        rho < 1,
+        margin >= 0,
+        t0 <= cl_b,
+        cl_b <= t1,
+        tau_b <= tau,
+        t1 <= now,
+        drift(cl_b, now, tau - tau_b, rho),
+        drift(peer_t, cq, tau - tau_b, rho),
         R.read_allowed(d, now, offset, unc, margin),
-        2 * rho / (1 - rho) * (now - t0) <= margin)
-    show = {"rho": rho, "t0": t0, "t1": t1, "peer_read_T": peer_t, "local_then": cl_b, "now": now,
-            "peer_clock_at_read": cq, "remote_deadline": d, "margin": margin}
-    return [Theorem("I9", "gate", "gate drift",
-                    "read_allowed and (2 rho/(1-rho)) (now - t0) <= margin => the peer's "
-                    "clock at the read is before its deadline", hyps, cq < d, show)]
+        2 * rho / (1 - rho) * (now - t0) <= margin,
+    )
+    show = {
+        "rho": rho,
+        "t0": t0,
+        "t1": t1,
+        "peer_read_T": peer_t,
+        "local_then": cl_b,
+        "now": now,
+        "peer_clock_at_read": cq,
+        "remote_deadline": d,
+        "margin": margin,
+    }
+    return [
+        Theorem(
+            "I9",
+            "gate",
+            "gate drift",
+            "read_allowed and (2 rho/(1-rho)) (now - t0) <= margin => the peer's "
+            "clock at the read is before its deadline",
+            hyps,
+            cq < d,
+            show,
+        )
+    ]

@@ -3,7 +3,7 @@
 State: real time ``tau``; three clocks read at ``tau`` — P's ``cP``, D's ``cD``
 and, for the naive two-clock variant only, a P worker's ``cW`` — each running
 at a rate within ``[1 - rho, 1 + rho]`` of real time with any offset; one lease
-on P (its deadline and fields on P's clock, updated by :mod:`leaseproto._rules`);
+on P (its deadline and fields on P's clock, updated by :mod:`leaseproto.core.rules`);
 D's tracking of the request and the state of its P engine in D's
 ``HeartbeatTracker`` (D's clock); the oldest heartbeat D sent that P has not
 processed (``out``, sent at real ``tout``); ghosts for the last processed
@@ -44,8 +44,8 @@ from typing import Any
 
 import z3
 
-from leaseproto import _rules as R
-from leaseproto._state import Input
+from leaseproto.core import rules as R
+from leaseproto.core.state import Input
 
 from .kit import Bool, Int, Real, System, Transition
 from .model import ABSENT, allowed, release_fired
@@ -54,14 +54,36 @@ from .model import ABSENT, allowed, release_fired
 BOUNDS = ("R", "K", "SD", "SP", "dl", "rho")
 
 FIELDS = {
-    "tau": Real, "cP": Real, "cD": Real, "cW": Real,
-    "st": Int, "deadline": Real, "cg": Real, "tg": Real, "cap_at": Real, "tend": Real,
-    "lastP": Real, "lastDs": Real,
-    "tracked": Bool, "ttrack": Real, "conn": Bool, "silent": Bool, "tsil": Real,
-    "hasD": Bool, "lastD": Real, "tsD": Real, "hasO": Bool, "tso": Real,
-    "out": Bool, "tout": Real,
-    "renewed": Bool, "cr": Real, "tr": Real,
-    "hash": Bool, "ch": Real, "th": Real,
+    "tau": Real,
+    "cP": Real,
+    "cD": Real,
+    "cW": Real,
+    "st": Int,
+    "deadline": Real,
+    "cg": Real,
+    "tg": Real,
+    "cap_at": Real,
+    "tend": Real,
+    "lastP": Real,
+    "lastDs": Real,
+    "tracked": Bool,
+    "ttrack": Real,
+    "conn": Bool,
+    "silent": Bool,
+    "tsil": Real,
+    "hasD": Bool,
+    "lastD": Real,
+    "tsD": Real,
+    "hasO": Bool,
+    "tso": Real,
+    "out": Bool,
+    "tout": Real,
+    "renewed": Bool,
+    "cr": Real,
+    "tr": Real,
+    "hash": Bool,
+    "ch": Real,
+    "th": Real,
 }
 
 
@@ -112,8 +134,18 @@ def build(opts: Options = Options()) -> System:
         return p[f"{name}_act"] if name in opts.actual else p[name]
 
     def axioms(p: Any) -> Any:
-        ax = [p.H > 0, p.E > 0, p.L > 0, p.R >= 0, p.K >= 0, p.SD > 0, p.SP > 0, p.dl >= 0,
-              p.rho >= 0, p.rho < 1]
+        ax = [
+            p.H > 0,
+            p.E > 0,
+            p.L > 0,
+            p.R >= 0,
+            p.K >= 0,
+            p.SD > 0,
+            p.SP > 0,
+            p.dl >= 0,
+            p.rho >= 0,
+            p.rho < 1,
+        ]
         if opts.cap:
             ax.append(p.C > 0)
         for b in opts.actual:
@@ -125,9 +157,19 @@ def build(opts: Options = Options()) -> System:
         return z3.And(*ax)
 
     def init(s: Any, p: Any) -> Any:
-        return z3.And(s.st == ABSENT, z3.Not(s.tracked), z3.Not(s.conn), z3.Not(s.silent),
-                      z3.Not(s.hasD), z3.Not(s.hasO), z3.Not(s.out), z3.Not(s.renewed),
-                      z3.Not(s.hash), s.lastP == s.tau, s.lastDs == s.tau)
+        return z3.And(
+            s.st == ABSENT,
+            z3.Not(s.tracked),
+            z3.Not(s.conn),
+            z3.Not(s.silent),
+            z3.Not(s.hasD),
+            z3.Not(s.hasO),
+            z3.Not(s.out),
+            z3.Not(s.renewed),
+            z3.Not(s.hash),
+            s.lastP == s.tau,
+            s.lastDs == s.tau,
+        )
 
     def reaper_clock(s: Any) -> Any:
         return s.cW if opts.naive == "two_clocks" else s.cP
@@ -138,43 +180,60 @@ def build(opts: Options = Options()) -> System:
         if opts.naive == "assign":  # the naive variant: deadline = now + extension
             new_deadline = z3.If(applies, c + p.E, s.deadline)
         else:
-            new_deadline = R.renew_deadline(s.st, s.deadline, s.cap_at if opts.cap else None,
-                                            c, p.E)
+            new_deadline = R.renew_deadline(
+                s.st, s.deadline, s.cap_at if opts.cap else None, c, p.E
+            )
         return applies, {
-            "st": R.next_state(s.st, Input.RECV_HEARTBEAT, applies), "deadline": new_deadline,
-            "hash": z3.Or(s.hash, applies), "ch": z3.If(applies, c, s.ch),
-            "th": z3.If(applies, s.tau, s.th)}
+            "st": R.next_state(s.st, Input.RECV_HEARTBEAT, applies),
+            "deadline": new_deadline,
+            "hash": z3.Or(s.hash, applies),
+            "ch": z3.If(applies, c, s.ch),
+            "th": z3.If(applies, s.tau, s.th),
+        }
 
     def would_send(s: Any, p: Any, c: Any) -> Any:
-        return z3.And(s.tracked, s.conn,
-                      z3.Or(z3.Not(s.hasD), R.heartbeat_due(s.lastD, c, p.H)))
+        return z3.And(s.tracked, s.conn, z3.Or(z3.Not(s.hasD), R.heartbeat_due(s.lastD, c, p.H)))
 
     def grant(s: Any, a: Any, p: Any) -> dict[str, Any]:
-        u = {"st": R.next_state(s.st, Input.GRANT, True),
-             "deadline": R.grant_deadline(s.cP, p.L), "cg": s.cP, "tg": s.tau}
+        u = {
+            "st": R.next_state(s.st, Input.GRANT, True),
+            "deadline": R.grant_deadline(s.cP, p.L),
+            "cg": s.cP,
+            "tg": s.tau,
+        }
         if opts.cap:
             u["cap_at"] = s.cP + p.C
         return u
 
     def track_guard(s: Any, a: Any, p: Any) -> Any:
         lo = 1 - act(p, "rho")
-        engine_ok = z3.Implies(a.hasD0, z3.And(
-            a.conn0, a.tsD0 <= s.lastDs, lo * (s.lastDs - a.tsD0) < p.H,
-            s.cD - a.lastD0 >= lo * (s.tau - a.tsD0)))
+        engine_ok = z3.Implies(
+            a.hasD0,
+            z3.And(
+                a.conn0,
+                a.tsD0 <= s.lastDs,
+                lo * (s.lastDs - a.tsD0) < p.H,
+                s.cD - a.lastD0 >= lo * (s.tau - a.tsD0),
+            ),
+        )
         return z3.And(z3.Not(s.tracked), z3.Not(s.silent), s.st != ABSENT, engine_ok)
 
     def d_step(s: Any, a: Any, p: Any) -> dict[str, Any]:
         sent = would_send(s, p, s.cD)
-        return {"lastDs": s.tau, "hasD": z3.Or(s.hasD, sent),
-                "lastD": z3.If(sent, s.cD, s.lastD), "tsD": z3.If(sent, s.tau, s.tsD),
-                "hasO": z3.Or(s.hasO, sent), "tso": z3.If(sent, s.tau, s.tso),
-                "out": z3.Or(s.out, sent), "tout": z3.If(z3.And(sent, z3.Not(s.out)), s.tau,
-                                                         s.tout)}
+        return {
+            "lastDs": s.tau,
+            "hasD": z3.Or(s.hasD, sent),
+            "lastD": z3.If(sent, s.cD, s.lastD),
+            "tsD": z3.If(sent, s.tau, s.tsD),
+            "hasO": z3.Or(s.hasO, sent),
+            "tso": z3.If(sent, s.tau, s.tso),
+            "out": z3.Or(s.out, sent),
+            "tout": z3.If(z3.And(sent, z3.Not(s.out)), s.tau, s.tout),
+        }
 
     def p_step(s: Any, a: Any, p: Any) -> dict[str, Any]:
         st2 = R.expire_state(s.st, s.deadline, reaper_clock(s))
-        return {"lastP": s.tau, "st": st2,
-                "tend": z3.If(release_fired(s.st, st2), s.tau, s.tend)}
+        return {"lastP": s.tau, "st": st2, "tend": z3.If(release_fired(s.st, st2), s.tau, s.tend)}
 
     def p_recv(s: Any, a: Any, p: Any) -> dict[str, Any]:
         _, u = renew(s, p)
@@ -191,63 +250,127 @@ def build(opts: Options = Options()) -> System:
         rho = act(p, "rho")
         not_silent = z3.Not(s.silent)
         return z3.And(
-            a.dt > 0, drift(s.cP, a.cP2, a.dt, rho), drift(s.cD, a.cD2, a.dt, rho),
+            a.dt > 0,
+            drift(s.cP, a.cP2, a.dt, rho),
+            drift(s.cD, a.cD2, a.dt, rho),
             drift(s.cW, a.cW2, a.dt, rho),
-            z3.If(a.p_busy, z3.Not(R.expire_due(s.st, s.deadline,
-                                                a.cW2 if opts.naive == "two_clocks"
-                                                else a.cP2)),
-                  t2_ <= s.lastP + act(p, "SP")),
+            z3.If(
+                a.p_busy,
+                z3.Not(
+                    R.expire_due(s.st, s.deadline, a.cW2 if opts.naive == "two_clocks" else a.cP2)
+                ),
+                t2_ <= s.lastP + act(p, "SP"),
+            ),
             z3.Implies(a.d_busy, z3.And(not_silent, z3.Not(would_send(s, p, a.cD2)))),
             z3.Implies(z3.And(z3.Not(a.d_busy), not_silent), t2_ <= s.lastDs + act(p, "SD")),
             z3.Implies(s.out, t2_ <= s.tout + act(p, "dl") + act(p, "SP")),
-            z3.Implies(z3.And(s.tracked, z3.Not(s.conn), not_silent),
-                       t2_ <= s.ttrack + act(p, "K")),
-            z3.Implies(z3.And(s.st != ABSENT, z3.Not(s.tracked), not_silent),
-                       t2_ <= s.tg + act(p, "R")))
+            z3.Implies(
+                z3.And(s.tracked, z3.Not(s.conn), not_silent), t2_ <= s.ttrack + act(p, "K")
+            ),
+            z3.Implies(
+                z3.And(s.st != ABSENT, z3.Not(s.tracked), not_silent), t2_ <= s.tg + act(p, "R")
+            ),
+        )
 
     def advance(s: Any, a: Any, p: Any) -> dict[str, Any]:
         t2_ = s.tau + a.dt
-        return {"tau": t2_, "cP": a.cP2, "cD": a.cD2, "cW": a.cW2,
-                "lastP": z3.If(a.p_busy, t2_, s.lastP),
-                "lastDs": z3.If(a.d_busy, t2_, s.lastDs)}
+        return {
+            "tau": t2_,
+            "cP": a.cP2,
+            "cD": a.cD2,
+            "cW": a.cW2,
+            "lastP": z3.If(a.p_busy, t2_, s.lastP),
+            "lastDs": z3.If(a.d_busy, t2_, s.lastDs),
+        }
 
     def true(s: Any, a: Any, p: Any) -> Any:
         return z3.BoolVal(True)
 
     transitions = [
-        Transition("grant", "P grants the lease", {},
-                   lambda s, a, p: allowed(s.st, Input.GRANT), grant,
-                   witness=lambda s, s2, a, p: s2.st != s.st),
-        Transition("track", "D starts tracking the request",
-                   {"conn0": Bool, "hasD0": Bool, "lastD0": Real, "tsD0": Real}, track_guard,
-                   lambda s, a, p: {"tracked": True, "ttrack": s.tau, "conn": a.conn0,
-                                    "hasD": a.hasD0, "lastD": a.lastD0, "tsD": a.tsD0,
-                                    "out": False, "hasO": False},
-                   witness=lambda s, s2, a, p: a.hasD0),
-        Transition("handshake", "D's engine connects", {},
-                   lambda s, a, p: z3.And(s.tracked, z3.Not(s.conn)),
-                   lambda s, a, p: {"conn": True}),
-        Transition("d_step", "D steps (due)", {}, lambda s, a, p: z3.Not(s.silent), d_step,
-                   witness=lambda s, s2, a, p: z3.And(s.hasD, s2.tsD == s.tau, s.tsD < s.tau),
-                   outputs=lambda s, a, p: {"sent": would_send(s, p, s.cD)}),
-        Transition("p_step", "P steps (expire)", {}, true, p_step,
-                   witness=lambda s, s2, a, p: s2.st != s.st),
-        Transition("p_recv", "P applies D's oldest unprocessed heartbeat", {},
-                   lambda s, a, p: s.out, p_recv,
-                   witness=lambda s, s2, a, p: s2.deadline > s.deadline),
-        Transition("p_stray", "P applies another heartbeat naming the request", {},
-                   stray_guard, lambda s, a, p: renew(s, p)[1],
-                   witness=lambda s, s2, a, p: s2.deadline > s.deadline),
-        Transition("d_stop", "D goes silent", {}, lambda s, a, p: z3.Not(s.silent),
-                   lambda s, a, p: {"silent": True, "tsil": s.tau}),
-        Transition("advance", "real time passes",
-                   {"dt": Real, "cP2": Real, "cD2": Real, "cW2": Real, "p_busy": Bool,
-                    "d_busy": Bool}, adv_guard, advance,
-                   witness=lambda s, s2, a, p: z3.And(a.p_busy, a.d_busy, s.tracked)),
+        Transition(
+            "grant",
+            "P grants the lease",
+            {},
+            lambda s, a, p: allowed(s.st, Input.GRANT),
+            grant,
+            witness=lambda s, s2, a, p: s2.st != s.st,
+        ),
+        Transition(
+            "track",
+            "D starts tracking the request",
+            {"conn0": Bool, "hasD0": Bool, "lastD0": Real, "tsD0": Real},
+            track_guard,
+            lambda s, a, p: {
+                "tracked": True,
+                "ttrack": s.tau,
+                "conn": a.conn0,
+                "hasD": a.hasD0,
+                "lastD": a.lastD0,
+                "tsD": a.tsD0,
+                "out": False,
+                "hasO": False,
+            },
+            witness=lambda s, s2, a, p: a.hasD0,
+        ),
+        Transition(
+            "handshake",
+            "D's engine connects",
+            {},
+            lambda s, a, p: z3.And(s.tracked, z3.Not(s.conn)),
+            lambda s, a, p: {"conn": True},
+        ),
+        Transition(
+            "d_step",
+            "D steps (due)",
+            {},
+            lambda s, a, p: z3.Not(s.silent),
+            d_step,
+            witness=lambda s, s2, a, p: z3.And(s.hasD, s2.tsD == s.tau, s.tsD < s.tau),
+            outputs=lambda s, a, p: {"sent": would_send(s, p, s.cD)},
+        ),
+        Transition(
+            "p_step",
+            "P steps (expire)",
+            {},
+            true,
+            p_step,
+            witness=lambda s, s2, a, p: s2.st != s.st,
+        ),
+        Transition(
+            "p_recv",
+            "P applies D's oldest unprocessed heartbeat",
+            {},
+            lambda s, a, p: s.out,
+            p_recv,
+            witness=lambda s, s2, a, p: s2.deadline > s.deadline,
+        ),
+        Transition(
+            "p_stray",
+            "P applies another heartbeat naming the request",
+            {},
+            stray_guard,
+            lambda s, a, p: renew(s, p)[1],
+            witness=lambda s, s2, a, p: s2.deadline > s.deadline,
+        ),
+        Transition(
+            "d_stop",
+            "D goes silent",
+            {},
+            lambda s, a, p: z3.Not(s.silent),
+            lambda s, a, p: {"silent": True, "tsil": s.tau},
+        ),
+        Transition(
+            "advance",
+            "real time passes",
+            {"dt": Real, "cP2": Real, "cD2": Real, "cW2": Real, "p_busy": Bool, "d_busy": Bool},
+            adv_guard,
+            advance,
+            witness=lambda s, s2, a, p: z3.And(a.p_busy, a.d_busy, s.tracked),
+        ),
     ]
-    name = "timing" + ("-cap" if opts.cap else "") + ("-bounded" if opts.strays == "bounded"
-                                                       else "")
+    name = (
+        "timing" + ("-cap" if opts.cap else "") + ("-bounded" if opts.strays == "bounded" else "")
+    )
     if opts.naive:
         name += f"-naive-{opts.naive}"
-    return System(name, "P and D in real time", dict(FIELDS), params, axioms, init,
-                  transitions)
+    return System(name, "P and D in real time", dict(FIELDS), params, axioms, init, transitions)

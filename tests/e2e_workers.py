@@ -43,8 +43,13 @@ ANSWER_S = 60.0
 
 
 def spec(**kw: Any) -> ClusterSpec:
-    base: dict[str, Any] = {"kv_lease_duration": LEASE, "max_running": 2,
-                            "d_step_time": 0.03, "p_blocks": 128, "d_blocks": 128}
+    base: dict[str, Any] = {
+        "kv_lease_duration": LEASE,
+        "max_running": 2,
+        "d_step_time": 0.03,
+        "p_blocks": 128,
+        "d_blocks": 128,
+    }
     base.update(kw)
     return ClusterSpec(**base)
 
@@ -58,8 +63,9 @@ def reference(prompt: list[int], max_tokens: int = MAX_TOKENS) -> list[int]:
     return reference_tokens(prompt, max_tokens)
 
 
-def run_batch(cluster: Cluster, batch: list[list[int]], tag: str,
-              max_tokens: int = MAX_TOKENS) -> dict[str, dict[str, Any]]:
+def run_batch(
+    cluster: Cluster, batch: list[list[int]], tag: str, max_tokens: int = MAX_TOKENS
+) -> dict[str, dict[str, Any]]:
     """Submit ``batch`` at once; every answer, keyed ``<tag><i>``."""
     client = cluster.client()
     try:
@@ -75,13 +81,15 @@ def run_batch(cluster: Cluster, batch: list[list[int]], tag: str,
 
 def p_settled(cluster: Cluster) -> list[dict[str, Any]]:
     """Wait until every P rank holds no lease and no block; their stats."""
+
     def check() -> list[dict[str, Any]] | None:
         stats = [cluster.stats(w) for w in cluster.prefill]
-        if all(s["leases_live"] == 0 and s["blocks_free"] == s["blocks_total"]
-               for s in stats):
+        if all(s["leases_live"] == 0 and s["blocks_free"] == s["blocks_total"] for s in stats):
             return stats
         return None
+
     # at most one initial lease plus one extension after the last transfer
-    settled: list[dict[str, Any]] = wait_for(check, "every P block free",
-                                             timeout=LEASE + EXTENSION + 5.0)
+    settled: list[dict[str, Any]] = wait_for(
+        check, "every P block free", timeout=LEASE + EXTENSION + 5.0
+    )
     return settled

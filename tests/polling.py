@@ -12,8 +12,7 @@ import pytest
 __all__ = ["wait_for"]
 
 
-def wait_for(pred: Callable[[], Any], what: str, timeout: float = 30.0,
-             every: float = 0.02) -> Any:
+def wait_for(pred: Callable[[], Any], what: str, timeout: float = 30.0, every: float = 0.02) -> Any:
     """Poll ``pred`` until it is truthy and return its value; fail naming
     ``what`` once ``timeout`` seconds have passed."""
     deadline = time.monotonic() + timeout

@@ -41,15 +41,21 @@ def pattern(head_start: int, num_heads: int, offset: int) -> torch.Tensor:
     """Every element numbered by its global position (exact in float32), so
     the two shards together equal the full pool (offset aside)."""
     n = LAYERS * 2 * BLOCKS * HEADS * BLOCK_SIZE * HEAD_DIM
-    full = torch.arange(n, dtype=torch.float32).view(LAYERS, 2, BLOCKS, HEADS, BLOCK_SIZE,
-                                                     HEAD_DIM)
-    return full[:, :, :, head_start:head_start + num_heads].contiguous() + offset
+    full = torch.arange(n, dtype=torch.float32).view(LAYERS, 2, BLOCKS, HEADS, BLOCK_SIZE, HEAD_DIM)
+    return full[:, :, :, head_start : head_start + num_heads].contiguous() + offset
 
 
 def make_pool(head_start: int = 0, num_heads: int = HEADS) -> KVPool:
-    return KVPool(num_layers=LAYERS, num_blocks=BLOCKS, block_size=BLOCK_SIZE,
-                  num_heads=num_heads, head_dim=HEAD_DIM, head_start=head_start,
-                  total_heads=HEADS, device="cpu")
+    return KVPool(
+        num_layers=LAYERS,
+        num_blocks=BLOCKS,
+        block_size=BLOCK_SIZE,
+        num_heads=num_heads,
+        head_dim=HEAD_DIM,
+        head_start=head_start,
+        total_heads=HEADS,
+        device="cpu",
+    )
 
 
 def wait_for(pred: Callable[[], Any], what: str, timeout: float = WAIT_S) -> Any:
@@ -57,6 +63,7 @@ def wait_for(pred: Callable[[], Any], what: str, timeout: float = WAIT_S) -> Any
 
 
 # -- the peer process ------------------------------------------------------------------
+
 
 def _peer_main(ports: dict[str, int], cmds: Any, results: Any) -> None:
     eps: dict[str, NixlEndpoint] = {}
@@ -105,8 +112,9 @@ class Peer:
         ctx = mp.get_context("spawn")
         self.ports = {name: free_port() for name in PEERS}
         self.cmds, self.results = ctx.Queue(), ctx.Queue()
-        self.proc = ctx.Process(target=_peer_main, args=(self.ports, self.cmds, self.results),
-                                daemon=True)
+        self.proc = ctx.Process(
+            target=_peer_main, args=(self.ports, self.cmds, self.results), daemon=True
+        )
         self.proc.start()
         self.layouts: dict[str, dict[str, Any]] = {}
 
@@ -127,8 +135,7 @@ class Peer:
                 if not self.proc.is_alive():
                     raise AssertionError(f"peer exited ({self.proc.exitcode})") from None
                 if time.monotonic() > deadline:
-                    raise AssertionError(f"peer gave no answer to {cmd} in {timeout:g} s"
-                                         ) from None
+                    raise AssertionError(f"peer gave no answer to {cmd} in {timeout:g} s") from None
 
     def inbox_until(self, name: str, count: int) -> list[tuple[str, bytes]]:
         got: list[tuple[str, bytes]] = []
@@ -188,16 +195,19 @@ def a(peer: Peer) -> Iterator[tuple[NixlEndpoint, KVPool]]:
     ep.close()
 
 
-def read_and_wait(ep: NixlEndpoint, peer_name: str, local: XferDescs, remote: XferDescs,
-                  notif: bytes) -> None:
+def read_and_wait(
+    ep: NixlEndpoint, peer_name: str, local: XferDescs, remote: XferDescs, notif: bytes
+) -> None:
     xfer = ep.read(peer_name, local, remote, notif_msg=notif)
-    state = wait_for(lambda: ep.transfer_state(xfer) != "PROC" and xfer.state,
-                     f"READ from {peer_name}")
+    state = wait_for(
+        lambda: ep.transfer_state(xfer) != "PROC" and xfer.state, f"READ from {peer_name}"
+    )
     assert state == "DONE", xfer.error
     ep.release(xfer)
 
 
 # -- tests -----------------------------------------------------------------------------------
+
 
 def test_metadata_exchange_is_two_way(peer: Peer, a: tuple[NixlEndpoint, KVPool]) -> None:
     ep, _ = a
@@ -221,8 +231,9 @@ def test_notification_round_trip(peer: Peer, a: tuple[NixlEndpoint, KVPool]) -> 
     assert ep.stats.received >= 2
 
 
-def test_read_blocks_and_transfer_done_notification(peer: Peer,
-                                                    a: tuple[NixlEndpoint, KVPool]) -> None:
+def test_read_blocks_and_transfer_done_notification(
+    peer: Peer, a: tuple[NixlEndpoint, KVPool]
+) -> None:
     ep, pool = a
     remote = PoolLayout.from_dict(peer.layouts["Bf"])
     src = [5, 2, 7]
@@ -238,8 +249,7 @@ def test_read_blocks_and_transfer_done_notification(peer: Peer,
     pool.free(dst)
 
 
-def test_head_shard_reads_assemble_a_full_block(peer: Peer,
-                                                a: tuple[NixlEndpoint, KVPool]) -> None:
+def test_head_shard_reads_assemble_a_full_block(peer: Peer, a: tuple[NixlEndpoint, KVPool]) -> None:
     """Two P ranks hold half the heads each; D holds all heads and reads its
     block's two halves from the two ranks, each READ notifying its own rank."""
     ep, pool = a
@@ -259,7 +269,8 @@ def test_head_shard_reads_assemble_a_full_block(peer: Peer,
 
 
 def test_read_waits_for_metadata_of_late_registered_memory(
-        peer: Peer, a: tuple[NixlEndpoint, KVPool]) -> None:
+    peer: Peer, a: tuple[NixlEndpoint, KVPool]
+) -> None:
     """Memory the peer registered after we fetched its metadata: the READ
     refreshes the metadata and goes through instead of failing."""
     ep, pool = a
@@ -281,15 +292,17 @@ def test_read_of_unregistered_memory_ends_in_err(peer: Peer) -> None:
         ep.connect("Bf", "127.0.0.1", peer.ports["Bf"])
         wait_for(lambda: ep.is_connected("Bf"), "metadata of Bf")
         bogus = XferDescs("DRAM", ((4096, 64, 0),))  # nothing the peer registered
-        xfer = ep.read("Bf", XferDescs("DRAM", ((local.data_ptr(), 64, 0),)), bogus,
-                       notif_msg=b"never")
+        xfer = ep.read(
+            "Bf", XferDescs("DRAM", ((local.data_ptr(), 64, 0),)), bogus, notif_msg=b"never"
+        )
         wait_for(lambda: ep.transfer_state(xfer) == "ERR", "the READ to fail", timeout=20)
         assert "has not registered" in xfer.error
         assert ep.stats.reads_failed == 1
         ep.release(xfer)
         # abandoned while waiting for metadata: never posted, reads ERR
-        again = ep.read("Bf", XferDescs("DRAM", ((local.data_ptr(), 64, 0),)), bogus,
-                        notif_msg=b"never")
+        again = ep.read(
+            "Bf", XferDescs("DRAM", ((local.data_ptr(), 64, 0),)), bogus, notif_msg=b"never"
+        )
         assert ep.transfer_state(again) == "PROC"
         ep.release(again)
         assert ep.transfer_state(again) == "ERR" and "released" in again.error
@@ -298,8 +311,7 @@ def test_read_of_unregistered_memory_ends_in_err(peer: Peer) -> None:
 
 
 def test_connect_to_nobody_times_out_as_lost() -> None:
-    ep = NixlEndpoint(f"A3{os.getpid()}", port=free_port(), connect_timeout=0.5,
-                      connect_retry=0.1)
+    ep = NixlEndpoint(f"A3{os.getpid()}", port=free_port(), connect_timeout=0.5, connect_retry=0.1)
     try:
         ep.connect("ghost", "127.0.0.1", free_port())
         assert ep.connection_state("ghost") == "connecting"
@@ -339,8 +351,12 @@ def test_send_to_a_dead_peer_returns_false(lone: LonePeer) -> None:
         assert ep.stats.send_failed >= 2 and ep.stats.peers_lost == 1
         local = torch.zeros(8)
         ep.register([local])
-        xfer = ep.read("C", XferDescs("DRAM", ((local.data_ptr(), 32, 0),)),
-                       XferDescs("DRAM", ((4096, 32, 0),)), notif_msg=b"r:1")
+        xfer = ep.read(
+            "C",
+            XferDescs("DRAM", ((local.data_ptr(), 32, 0),)),
+            XferDescs("DRAM", ((4096, 32, 0),)),
+            notif_msg=b"r:1",
+        )
         assert ep.transfer_state(xfer) == "ERR" and "lost" in xfer.error
     finally:
         ep.close()

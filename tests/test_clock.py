@@ -33,8 +33,9 @@ def test_no_sample_means_no_read_and_errors_on_offset() -> None:
         _ = c.offset
 
 
-@pytest.mark.parametrize(("t0", "rt", "t1"), [(1.0, 0.0, 0.5), (math.nan, 0.0, 1.0),
-                                              (0.0, math.inf, 1.0)])
+@pytest.mark.parametrize(
+    ("t0", "rt", "t1"), [(1.0, 0.0, 0.5), (math.nan, 0.0, 1.0), (0.0, math.inf, 1.0)]
+)
 def test_bad_samples_rejected(t0: float, rt: float, t1: float) -> None:
     c = ClockOffset()
     with pytest.raises(ValueError):

@@ -36,8 +36,9 @@ class World:
     p_dup: float
     p_loss: float
     now: float = 0.0
-    tables: dict[str, LeaseTable] = field(default_factory=lambda: {
-        e: LeaseTable(CFG) for e in ENGINES})
+    tables: dict[str, LeaseTable] = field(
+        default_factory=lambda: {e: LeaseTable(CFG) for e in ENGINES}
+    )
     tracker: HeartbeatTracker = field(default_factory=lambda: HeartbeatTracker(CFG))
     inflight: list[tuple[float, str, bytes]] = field(default_factory=list)
     inbox: dict[str, list[bytes]] = field(default_factory=lambda: {e: [] for e in ENGINES})
@@ -125,14 +126,20 @@ class World:
 
 
 @settings(max_examples=12)
-@given(seed=st.integers(0, 2**32 - 1), p_dup=st.sampled_from([0.0, 0.1, 0.5]),
-       p_loss=st.sampled_from([0.0, 0.2, 0.6]))
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    p_dup=st.sampled_from([0.0, 0.1, 0.5]),
+    p_loss=st.sampled_from([0.0, 0.2, 0.6]),
+)
 def test_no_premature_expiry_while_d_steps_and_bounded_reclaim_after_it_stops(
-        seed: int, p_dup: float, p_loss: float) -> None:
+    seed: int, p_dup: float, p_loss: float
+) -> None:
     rnd = random.Random(seed)
     world = World(rnd, p_dup, p_loss)
-    grants = sorted((rnd.uniform(0, 60), rnd.choice(ENGINES), f"{e}/r{i}")
-                    for i, e in enumerate(rnd.choice(ENGINES) for _ in range(40)))
+    grants = sorted(
+        (rnd.uniform(0, 60), rnd.choice(ENGINES), f"{e}/r{i}")
+        for i, e in enumerate(rnd.choice(ENGINES) for _ in range(40))
+    )
     grants = [(t, rid.split("/")[0], rid) for t, _, rid in grants]
     # phase 1: D alive for 150 s; every request is read by t=160 at the latest
     world.advance(150.0, grants)
@@ -157,8 +164,9 @@ def test_no_premature_expiry_while_d_steps_and_bounded_reclaim_after_it_stops(
             bound = world.granted_at[rid] + CFG.kv_lease_duration + S_P
         else:
             assert r.last_renewal == last
-            bound = max(world.granted_at[rid] + CFG.kv_lease_duration,
-                        last + CFG.lease_extension) + S_P
+            bound = (
+                max(world.granted_at[rid] + CFG.kv_lease_duration, last + CFG.lease_extension) + S_P
+            )
         assert r.at <= bound + 1e-9, f"I6: {rid} released at {r.at}, bound {bound}"
         assert r.at >= r.deadline  # and never before its deadline
     assert all(len(t) == 0 for t in world.tables.values()), "every lease released"

@@ -56,10 +56,15 @@ def test_zero_margin_is_allowed() -> None:
 
 
 def test_from_extra_config_reads_vllm_and_own_keys_ignores_others() -> None:
-    c = LeaseConfig.from_extra_config({
-        "kv_lease_duration": 60, "decoder_kv_blocks_ttl": 300, "max_lease_lifetime": 600,
-        "backends": ["UCX"], "kv_buffer_device": "cuda",
-    })
+    c = LeaseConfig.from_extra_config(
+        {
+            "kv_lease_duration": 60,
+            "decoder_kv_blocks_ttl": 300,
+            "max_lease_lifetime": 600,
+            "backends": ["UCX"],
+            "kv_buffer_device": "cuda",
+        }
+    )
     assert c.kv_lease_duration == 60.0 and c.decoder_kv_blocks_ttl == 300.0
     assert c.max_lease_lifetime == 600.0 and c.lease_extension == 40.0
     assert LeaseConfig.from_extra_config({}) == LeaseConfig()
@@ -84,8 +89,20 @@ def test_cli_config_prints_effective_values(capsys: pytest.CaptureFixture[str]) 
 
 def test_cli_config_json_and_extra_config(capsys: pytest.CaptureFixture[str]) -> None:
     import json
-    assert main(["config", "--json", "--extra-config", '{"kv_lease_duration": 60}',
-                 "--max-lease-lifetime", "120"]) == 0
+
+    assert (
+        main(
+            [
+                "config",
+                "--json",
+                "--extra-config",
+                '{"kv_lease_duration": 60}',
+                "--max-lease-lifetime",
+                "120",
+            ]
+        )
+        == 0
+    )
     data = json.loads(capsys.readouterr().out)
     assert data["config"]["lease_extension"] == 40.0
     assert data["bounds"]["max_hold"] == 120.0

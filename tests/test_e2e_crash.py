@@ -44,15 +44,19 @@ def test_decode_sigkill_frees_every_p_block_within_the_bound() -> None:
             before = cluster.stats(p)
             assert before["blocks_held"] > 0 and before["leases_live"] > 0
             killed = cluster.kill(d)
-            after = wait_for(lambda: (s := cluster.stats(p))["blocks_held"] == 0 and s,
-                             "P to free every block", timeout=EXTENSION + HEARTBEAT + 10.0,
-                             every=0.01)
+            after = wait_for(
+                lambda: (s := cluster.stats(p))["blocks_held"] == 0 and s,
+                "P to free every block",
+                timeout=EXTENSION + HEARTBEAT + 10.0,
+                every=0.01,
+            )
             asked = time.monotonic()
             released = asked - after["since_last_release"]
             reclaim = released - killed
             assert reclaim <= EXTENSION + HEARTBEAT + SLACK_S, (
                 f"P took {reclaim:.2f} s after the kill to free its blocks; bound "
-                f"{EXTENSION + HEARTBEAT:.2f} s + {SLACK_S} s slack")
+                f"{EXTENSION + HEARTBEAT:.2f} s + {SLACK_S} s slack"
+            )
             assert after["blocks_free"] == after["blocks_total"]
             assert after["leases_live"] == 0
             # every lease live just before the kill ended by expiry, or by a transfer
@@ -65,8 +69,9 @@ def test_decode_sigkill_frees_every_p_block_within_the_bound() -> None:
             # the router answers the orphaned requests with an error, not silence
             results = client.wait_all(deadline=time.monotonic() + 10.0)
             assert len(results) == n
-            assert any(not r["ok"] and "disconnected" in (r["error"] or "")
-                       for r in results.values())
+            assert any(
+                not r["ok"] and "disconnected" in (r["error"] or "") for r in results.values()
+            )
         finally:
             client.close()
 
@@ -80,8 +85,10 @@ def test_prefill_sigkill_decode_fails_over_without_hanging() -> None:
             for i, prompt in enumerate(batch):
                 client.submit(f"f{i}", prompt, MAX_TOKENS)
             # requests wait on D and the handshake is done (heartbeats flow)
-            wait_for(lambda: (s := cluster.stats(d))["waiting"] >= 3
-                     and s["heartbeats_sent"] > 0, "requests queued on D")
+            wait_for(
+                lambda: (s := cluster.stats(d))["waiting"] >= 3 and s["heartbeats_sent"] > 0,
+                "requests queued on D",
+            )
             killed = cluster.kill(p)
             results = client.wait_all(deadline=killed + 30.0)
             took = time.monotonic() - killed

@@ -15,8 +15,9 @@ pytestmark = pytest.mark.e2e
 
 def test_lapsed_leases_are_nacked_and_recomputed() -> None:
     slow_d = ["--kv-lease-duration", "6", "--heartbeat-interval", "2.5"]
-    with Cluster(spec(kv_lease_duration=1.5, max_running=1, d_step_time=0.1,
-                      extra={"decode": slow_d})) as cluster:
+    with Cluster(
+        spec(kv_lease_duration=1.5, max_running=1, d_step_time=0.1, extra={"decode": slow_d})
+    ) as cluster:
         batch = prompts(10, seed=40)
         results = run_batch(cluster, batch, "n")
         for i, p in enumerate(batch):
@@ -31,5 +32,8 @@ def test_lapsed_leases_are_nacked_and_recomputed() -> None:
         assert d_stats["recomputed"] >= 1
         assert sum(r["recomputed"] for r in results.values()) == d_stats["recomputed"]
         # every NACK P sent reached D
-        wait_for(lambda: cluster.stats(cluster.decode[0])["nacks"] == p_stats["nacks_sent"],
-                 "D to receive every NACK", timeout=10.0)
+        wait_for(
+            lambda: cluster.stats(cluster.decode[0])["nacks"] == p_stats["nacks_sent"],
+            "D to receive every NACK",
+            timeout=10.0,
+        )

@@ -64,16 +64,16 @@ def test_surge_waits_past_the_initial_lease_without_expiry(cluster: Cluster) -> 
 
 
 MALFORMED = [
-    b"\xff\xfe\xfd",                 # not UTF-8
-    b"HB:",                          # heartbeat with an empty id
-    b"HB:a,,b",                      # empty id in the middle
+    b"\xff\xfe\xfd",  # not UTF-8
+    b"HB:",  # heartbeat with an empty id
+    b"HB:a,,b",  # empty id in the middle
     b"no separator at all",
-    b"req-1:0",                      # transfer-done count out of range
-    b"req-1:abc",                    # not a count
-    b"AB:",                          # abort without an id
-    b"NK:expired:req-1",             # a nack: D-bound only, never valid at P
-    b"x" * 5000,                     # long, no separator
-    b"HB:bad\x01id",                 # control character in an id
+    b"req-1:0",  # transfer-done count out of range
+    b"req-1:abc",  # not a count
+    b"AB:",  # abort without an id
+    b"NK:expired:req-1",  # a nack: D-bound only, never valid at P
+    b"x" * 5000,  # long, no separator
+    b"HB:bad\x01id",  # control character in an id
 ]
 
 
@@ -103,14 +103,24 @@ def test_malformed_notifications_change_nothing(cluster: Cluster) -> None:
         assert r["ok"], r["error"]
         assert r["tokens"] == reference(p, 12)
     after = p_settled(cluster)[0]
-    wait_for(lambda: cluster.stats(cluster.prefill[0])["malformed"]
-             - before["malformed"] == len(MALFORMED), "P to count every malformed message",
-             timeout=10.0)
+    wait_for(
+        lambda: (
+            cluster.stats(cluster.prefill[0])["malformed"] - before["malformed"] == len(MALFORMED)
+        ),
+        "P to count every malformed message",
+        timeout=10.0,
+    )
     t0, t1 = before["table"], after["table"]
     assert t1["granted"] - t0["granted"] == len(batch)
     assert t1["released_transferred"] - t0["released_transferred"] == len(batch)
-    for key in ("released_expired", "released_aborted", "late_transfers", "early_staged",
-                "renew_unknown", "excess_transfers"):
+    for key in (
+        "released_expired",
+        "released_aborted",
+        "late_transfers",
+        "early_staged",
+        "renew_unknown",
+        "excess_transfers",
+    ):
         assert t1[key] == t0[key], key
     assert cluster.prefill[0].alive()
 
@@ -131,8 +141,10 @@ def test_metrics_are_scrapeable(cluster: Cluster) -> None:
     p_stats = p_settled(cluster)[0]
     p = _scrape(cluster.prefill[0].info["metrics_port"])
     assert p["leaseproto_leases_granted_total"] == p_stats["table"]["granted"] > 0
-    assert p['leaseproto_leases_released_total{reason="transferred"}'] == \
-        p_stats["table"]["released_transferred"]
+    assert (
+        p['leaseproto_leases_released_total{reason="transferred"}']
+        == p_stats["table"]["released_transferred"]
+    )
     assert p["leaseproto_heartbeats_received_total"] == p_stats["heartbeats_received"]
     assert p["leaseproto_blocks_held"] == 0
     assert "leaseproto_reclaim_after_expiry_seconds_count" in p

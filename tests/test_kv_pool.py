@@ -24,12 +24,24 @@ from leaseproto.adapters.xfer import XferDescs
 GEOM = {"num_layers": 2, "num_blocks": 6, "block_size": 4, "head_dim": 3}
 
 
-def make(num_heads: int = 4, head_start: int = 0, total: int = 4,
-         dtype: torch.dtype = torch.float32, blocks: int = 6) -> KVPool:
-    return KVPool(num_layers=GEOM["num_layers"], num_blocks=blocks,
-                  block_size=GEOM["block_size"], head_dim=GEOM["head_dim"],
-                  num_heads=num_heads, head_start=head_start, total_heads=total,
-                  dtype=dtype, device="cpu")
+def make(
+    num_heads: int = 4,
+    head_start: int = 0,
+    total: int = 4,
+    dtype: torch.dtype = torch.float32,
+    blocks: int = 6,
+) -> KVPool:
+    return KVPool(
+        num_layers=GEOM["num_layers"],
+        num_blocks=blocks,
+        block_size=GEOM["block_size"],
+        head_dim=GEOM["head_dim"],
+        num_heads=num_heads,
+        head_start=head_start,
+        total_heads=total,
+        dtype=dtype,
+        device="cpu",
+    )
 
 
 def fill_random(pool: KVPool, seed: int) -> None:
@@ -107,8 +119,16 @@ def test_layout_round_trips_through_json() -> None:
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("version", 99), ("num_blocks", -1), ("head_stride", 5), ("bases", [[1, 2]]),
-     ("mem_type", "GPU"), ("head_start", 3), ("num_layers", "2"), ("bases", [[1, -2]] * 2)],
+    [
+        ("version", 99),
+        ("num_blocks", -1),
+        ("head_stride", 5),
+        ("bases", [[1, 2]]),
+        ("mem_type", "GPU"),
+        ("head_start", 3),
+        ("num_layers", "2"),
+        ("bases", [[1, -2]] * 2),
+    ],
 )
 def test_malformed_layout_is_a_layout_error(field: str, value: object) -> None:
     data = make().layout()
@@ -132,8 +152,11 @@ def test_descriptors_match_torch_addresses() -> None:
         for kv in (pool.k(layer), pool.v(layer)):
             for block in blocks:
                 whole, part = kv[block], kv[block, 1:3]
-                assert full.descs[row] == (whole.data_ptr(),
-                                           whole.numel() * whole.element_size(), 0)
+                assert full.descs[row] == (
+                    whole.data_ptr(),
+                    whole.numel() * whole.element_size(),
+                    0,
+                )
                 assert shard.descs[row] == (part.data_ptr(), part.numel() * part.element_size(), 0)
                 row += 1
     with pytest.raises(LayoutError):
@@ -173,8 +196,8 @@ def test_full_pool_splits_into_head_shards() -> None:
         assert plan is not None
         memcopy(*plan)
         for layer in range(GEOM["num_layers"]):
-            assert torch.equal(shard.k(layer)[dst], full.k(layer)[src][:, start:start + 2])
-            assert torch.equal(shard.v(layer)[dst], full.v(layer)[src][:, start:start + 2])
+            assert torch.equal(shard.k(layer)[dst], full.k(layer)[src][:, start : start + 2])
+            assert torch.equal(shard.v(layer)[dst], full.v(layer)[src][:, start : start + 2])
 
 
 def test_read_plan_rejects_mismatches_and_skips_disjoint_heads() -> None:
@@ -183,8 +206,7 @@ def test_read_plan_rejects_mismatches_and_skips_disjoint_heads() -> None:
     assert read_plan(a.pool_layout, b.pool_layout, [0], [0]) is None
     with pytest.raises(LayoutError, match="dtype"):
         read_plan(a.pool_layout, make(dtype=torch.float16).pool_layout, [0], [0])
-    other = KVPool(num_layers=2, num_blocks=6, block_size=8, head_dim=3, num_heads=4,
-                   device="cpu")
+    other = KVPool(num_layers=2, num_blocks=6, block_size=8, head_dim=3, num_heads=4, device="cpu")
     with pytest.raises(LayoutError, match="block_size"):
         read_plan(make().pool_layout, other.pool_layout, [0], [0])
     with pytest.raises(LayoutError, match="2 local blocks for 1 remote"):

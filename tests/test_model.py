@@ -85,8 +85,7 @@ def test_head_shards_decode_and_assemble(model: TinyDecoder) -> None:
     into one full-head D pool (by the READ descriptors) decode alike."""
     for prompt in prompts(3, seed=2, lo=5):
         ref = model.reference(prompt, NEW)
-        shards = [model.make_pool(16, 4, head_start=h, num_heads=2, device="cpu")
-                  for h in (0, 2)]
+        shards = [model.make_pool(16, 4, head_start=h, num_heads=2, device="cpu") for h in (0, 2)]
         pairs = []
         firsts = set()
         for shard in shards:

@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 import z3
+from leaseproto.proofs import check, counterexamples
 
-import leaseproto._rules as rules
 from leaseproto import cli
-from leaseproto._state import TRANSITIONS, Guard, Input, LeaseState, Transition
-from leaseproto._sym import conj, ite, vmax, vmin
-from proofs import check, counterexamples
+from leaseproto.core import rules
+from leaseproto.core.state import TRANSITIONS, Guard, Input, LeaseState, Transition
+from leaseproto.core.sym import conj, ite, vmax, vmin
 
 SPEC_IDS = {f"I{k}" for k in range(1, 13)}
 
@@ -51,8 +51,9 @@ def test_every_spec_invariant_has_proof_obligations() -> None:
 
 def test_unknown_is_a_failure() -> None:
     x, y, w = z3.Ints("x y w")
-    hard = check.Obligation("t", "fermat 3", (), "unsat",
-                            [x > 0, y > 0, w > 0, x * x * x + y * y * y == w * w * w])
+    hard = check.Obligation(
+        "t", "fermat 3", (), "unsat", [x > 0, y > 0, w > 0, x * x * x + y * y * y == w * w * w]
+    )
     r = check.solve(hard, timeout_ms=50)
     assert not r.ok and r.answer == "unknown"
     assert "FAIL" in r.detail[0]
@@ -78,20 +79,33 @@ def test_counterexamples_are_found_and_printed() -> None:
 
 
 def test_cli_prove_exit_codes() -> None:
-    ok = subprocess.run([sys.executable, "-m", "leaseproto", "prove", "--only", "I10"],
-                        capture_output=True, text=True, check=False)
+    ok = subprocess.run(
+        [sys.executable, "-m", "leaseproto", "prove", "--only", "I10"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "all ok" in ok.stdout and "I10 preserved by transfer_done" in ok.stdout
-    mod = subprocess.run([sys.executable, "-m", "proofs", "--only", "I3"],
-                         capture_output=True, text=True, check=False)
+    mod = subprocess.run(
+        [sys.executable, "-m", "proofs", "--only", "I3"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert mod.returncode == 0 and "I3 preserved by expire" in mod.stdout
-    none = subprocess.run([sys.executable, "-m", "proofs", "--only", "I99"],
-                          capture_output=True, text=True, check=False)
+    none = subprocess.run(
+        [sys.executable, "-m", "proofs", "--only", "I99"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert none.returncode == 2
 
 
-def test_cli_prove_fails_on_a_broken_rule(monkeypatch: pytest.MonkeyPatch,
-                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_prove_fails_on_a_broken_rule(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setattr(rules, "renew_rule", _assigning_renewal)
     assert cli.main(["prove", "--only", "I1"]) == 1
     out = capsys.readouterr().out
@@ -103,76 +117,109 @@ def test_cli_prove_fails_on_a_broken_rule(monkeypatch: pytest.MonkeyPatch,
 # -- mutations: patch a rule in memory, the proofs must fail naming the invariant ----------
 # The runtime and the proofs both call rules.renew_rule; renew_applies and
 # renew_deadline are its halves. Patching renew_rule breaks both at once.
-def _assigning_renewal(state: Any, deadline: Any, cap_at: Any, now: Any,
-                       extension: Any) -> tuple[Any, Any]:
+def _assigning_renewal(
+    state: Any, deadline: Any, cap_at: Any, now: Any, extension: Any
+) -> tuple[Any, Any]:
     applies = conj(state == rules.GRANTED, now < deadline)
     target = now + extension if cap_at is None else vmin(now + extension, cap_at)
     return applies, ite(applies, target, deadline)
 
 
-def _uncapped_renewal(state: Any, deadline: Any, cap_at: Any, now: Any,
-                      extension: Any) -> tuple[Any, Any]:
+def _uncapped_renewal(
+    state: Any, deadline: Any, cap_at: Any, now: Any, extension: Any
+) -> tuple[Any, Any]:
     applies = conj(state == rules.GRANTED, now < deadline)
     return applies, ite(applies, vmax(deadline, now + extension), deadline)
 
 
-def _renewal_ignoring_state(state: Any, deadline: Any, cap_at: Any, now: Any,
-                            extension: Any) -> tuple[Any, Any]:
+def _renewal_ignoring_state(
+    state: Any, deadline: Any, cap_at: Any, now: Any, extension: Any
+) -> tuple[Any, Any]:
     applies = now < deadline
     target = now + extension if cap_at is None else vmin(now + extension, cap_at)
     return applies, ite(applies, vmax(deadline, target), deadline)
 
 
 def _revive(mp: pytest.MonkeyPatch) -> None:
-    mp.setitem(TRANSITIONS, (LeaseState.EXPIRED, Input.RECV_HEARTBEAT),
-               Transition(LeaseState.GRANTED, Guard.LIVE, "revive"))
+    mp.setitem(
+        TRANSITIONS,
+        (LeaseState.EXPIRED, Input.RECV_HEARTBEAT),
+        Transition(LeaseState.GRANTED, Guard.LIVE, "revive"),
+    )
     mp.setattr(rules, "renew_rule", _renewal_ignoring_state)
 
 
 MUTATIONS: dict[str, tuple[Any, str, str]] = {
     "renewal assigns instead of max": (
         lambda mp: mp.setattr(rules, "renew_rule", _assigning_renewal),
-        "I1", "I1 holds across renew"),
+        "I1",
+        "I1 holds across renew",
+    ),
     "renewal revives an ended lease": (_revive, "I2", "I2 holds across renew"),
     "renewal applies to ended leases": (
         lambda mp: mp.setattr(rules, "renew_rule", _renewal_ignoring_state),
-        "I2", "I2 holds across renew"),
+        "I2",
+        "I2 holds across renew",
+    ),
     "expire uses < instead of <=": (
-        lambda mp: mp.setattr(rules, "expire_due",
-                              lambda state, deadline, now: conj(state == rules.GRANTED,
-                                                                deadline < now)),
-        "I4", "I4 preserved by expire"),
+        lambda mp: mp.setattr(
+            rules,
+            "expire_due",
+            lambda state, deadline, now: conj(state == rules.GRANTED, deadline < now),
+        ),
+        "I4",
+        "I4 preserved by expire",
+    ),
     "expire ignores the deadline": (
-        lambda mp: mp.setattr(rules, "expire_due",
-                              lambda state, deadline, now: state == rules.GRANTED),
-        "I12", "I12 preserved by expire"),
+        lambda mp: mp.setattr(
+            rules, "expire_due", lambda state, deadline, now: state == rules.GRANTED
+        ),
+        "I12",
+        "I12 preserved by expire",
+    ),
     "grant doubles the ttl": (
         lambda mp: mp.setattr(rules, "grant_deadline", lambda now, ttl: now + 2 * ttl),
-        "I5", "I5 preserved by grant"),
+        "I5",
+        "I5 preserved by grant",
+    ),
     "renewal ignores the cap": (
         lambda mp: mp.setattr(rules, "renew_rule", _uncapped_renewal),
-        "I7", "I7 preserved by renew"),
+        "I7",
+        "I7 preserved by renew",
+    ),
     "transfer completes one notification early": (
-        lambda mp: mp.setattr(rules, "transfer_is_last",
-                              lambda done, consumers: done + 2 >= consumers),
-        "I10", "I10 preserved by transfer_done"),
+        lambda mp: mp.setattr(
+            rules, "transfer_is_last", lambda done, consumers: done + 2 >= consumers
+        ),
+        "I10",
+        "I10 preserved by transfer_done",
+    ),
     "transfer never counts": (
         lambda mp: mp.setattr(rules, "transfer_done_count", lambda state, done: done),
-        "I10", "I10 preserved by transfer_done"),
+        "I10",
+        "I10 preserved by transfer_done",
+    ),
     "heartbeat due only after the interval": (
-        lambda mp: mp.setattr(rules, "heartbeat_due",
-                              lambda last, now, interval: now - last > interval),
-        "I11", "I11 preserved by step"),
+        lambda mp: mp.setattr(
+            rules, "heartbeat_due", lambda last, now, interval: now - last > interval
+        ),
+        "I11",
+        "I11 preserved by step",
+    ),
     "read gate ignores the uncertainty": (
-        lambda mp: mp.setattr(rules, "read_allowed",
-                              lambda d, now, off, unc, margin: now + margin < d - off),
-        "I9", "I9 admitted read is before the peer's deadline"),
+        lambda mp: mp.setattr(
+            rules, "read_allowed", lambda d, now, off, unc, margin: now + margin < d - off
+        ),
+        "I9",
+        "I9 admitted read is before the peer's deadline",
+    ),
 }
 
 
 @pytest.mark.parametrize("name", sorted(MUTATIONS))
 def test_a_broken_rule_fails_the_proofs_naming_the_invariant(
-        name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     patch, iid, label = MUTATIONS[name]  # sound before: test_every_obligation_is_ok
     patch(monkeypatch)
     system = {"I7": "lease-cap", "I9": "gate", "I11": "engine"}.get(iid, "lease")
@@ -183,8 +230,7 @@ def test_a_broken_rule_fails_the_proofs_naming_the_invariant(
     assert re.search(rf"(invariant|step property|theorem) {iid}\b", out), out
 
 
-def test_an_unreachable_transition_fails_the_vacuity_check(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_unreachable_transition_fails_the_vacuity_check(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delitem(TRANSITIONS, (LeaseState.ABSENT, Input.GRANT))
     status, out = run_check(only="I3", system="lease")
     assert status == 1
@@ -193,7 +239,8 @@ def test_an_unreachable_transition_fails_the_vacuity_check(
 
 
 def test_timing_needs_t2(monkeypatch: pytest.MonkeyPatch) -> None:
-    from proofs import timing_model
+    from leaseproto.proofs import timing_model
+
     monkeypatch.setattr(timing_model, "t2", lambda p: p.E > 0)
     status, out = run_check(only="I8", system="timing")
     assert status == 1

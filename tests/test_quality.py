@@ -18,10 +18,24 @@ def _tool(name: str) -> list[str]:
     return [exe]
 
 
+TARGETS = [p for p in ("leaseproto", "proofs", "tests", "benchmarks") if (ROOT / p).exists()]
+
+
+def test_ruff_format_clean() -> None:
+    r = subprocess.run(
+        [*_tool("ruff"), "format", "--check", *TARGETS],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
 def test_ruff_clean() -> None:
-    targets = [p for p in ("leaseproto", "proofs", "tests", "benchmarks") if (ROOT / p).exists()]
-    r = subprocess.run([*_tool("ruff"), "check", *targets], cwd=ROOT, capture_output=True,
-                       text=True, check=False)
+    r = subprocess.run(
+        [*_tool("ruff"), "check", *TARGETS], cwd=ROOT, capture_output=True, text=True, check=False
+    )
     assert r.returncode == 0, r.stdout + r.stderr
 
 
@@ -39,6 +53,10 @@ def test_readme_library_example_runs() -> None:
 
 
 def test_python_dash_m_leaseproto() -> None:
-    r = subprocess.run([sys.executable, "-m", "leaseproto", "config", "--kv-lease-duration",
-                        "12"], capture_output=True, text=True, check=False)
+    r = subprocess.run(
+        [sys.executable, "-m", "leaseproto", "config", "--kv-lease-duration", "12"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert r.returncode == 0 and "lease_extension" in r.stdout

@@ -4,7 +4,7 @@ relations of proofs/ step by step.
 LeaseTable and HeartbeatTracker are driven through their public API; their
 state is read back (``lease_info``, ``ended``, returned ``Release`` s, ``due``'s
 output) and, with the pre-state, substituted into the relation of the matching
-transition of ``proofs.model`` (``lease``/``lease-cap`` per lease, ``engine``
+transition of ``leaseproto.proofs.model`` (``lease``/``lease-cap`` per lease, ``engine``
 per P engine). The relation must simplify to true. Fields the runtime does not
 expose (a ttl, the count of an ended lease) are taken from the model's own
 update, so only what is observable is checked. Times and durations are
@@ -21,16 +21,19 @@ import pytest
 import z3
 from hypothesis import given
 from hypothesis import strategies as st
+from leaseproto.proofs import model
+from leaseproto.proofs.kit import Values, from_z3, to_z3
 
 from leaseproto import ClockOffset, HeartbeatTracker, LeaseConfig, LeaseTable, LocalProtocolError
-from leaseproto import _rules as R
-from leaseproto._events import Release, ReleaseReason
-from proofs import model
-from proofs.kit import Values, from_z3, to_z3
+from leaseproto.core import rules as R
+from leaseproto.core.events import Release, ReleaseReason
 
 IDS = ("a", "b", "c")
-STATE_OF = {ReleaseReason.TRANSFERRED: model.TRANSFERRED, ReleaseReason.EXPIRED: model.EXPIRED,
-            ReleaseReason.ABORTED: model.ABORTED}
+STATE_OF = {
+    ReleaseReason.TRANSFERRED: model.TRANSFERRED,
+    ReleaseReason.EXPIRED: model.EXPIRED,
+    ReleaseReason.ABORTED: model.ABORTED,
+}
 quarter = st.integers(0, 12).map(lambda k: k / 4)
 
 
@@ -38,8 +41,15 @@ def zvals(values: dict[str, Any], sorts: dict[str, Any]) -> Values:
     return Values({k: to_z3(v, sorts[k]) for k, v in values.items()})
 
 
-def check_step(sys_: Any, tname: str, pre: dict[str, Any], observed: dict[str, Any], *,
-               args: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+def check_step(
+    sys_: Any,
+    tname: str,
+    pre: dict[str, Any],
+    observed: dict[str, Any],
+    *,
+    args: dict[str, Any],
+    params: dict[str, Any],
+) -> dict[str, Any]:
     """Complete ``observed`` with the model's update for the unobservable fields,
     assert the relation holds on (pre, post), and return post."""
     t = sys_.transition(tname)
@@ -51,20 +61,42 @@ def check_step(sys_: Any, tname: str, pre: dict[str, Any], observed: dict[str, A
     if not z3.is_true(rel):
         wrong = {f: (post[f], from_z3(upd[f])) for f in upd if from_z3(upd[f]) != post[f]}
         guard = from_z3(t.guard(s, a, p))
-        pytest.fail(f"{sys_.name}.{tname} relation false: guard={guard}, "
-                    f"runtime vs model {wrong}\npre={pre}\nargs={args}")
+        pytest.fail(
+            f"{sys_.name}.{tname} relation false: guard={guard}, "
+            f"runtime vs model {wrong}\npre={pre}\nargs={args}"
+        )
     return post
 
 
 # -- LeaseTable ---------------------------------------------------------------------------
 def fresh(now: float) -> dict[str, Any]:
-    return {"st": model.ABSENT, "now": now, "granted_at": 0, "ttl": 0, "deadline": 0,
-            "cap_at": 0, "consumers": 0, "done": 0, "lr": 0, "has_lr": False, "grants": 0,
-            "released": 0, "swept": now, "ended_at": 0}
+    return {
+        "st": model.ABSENT,
+        "now": now,
+        "granted_at": 0,
+        "ttl": 0,
+        "deadline": 0,
+        "cap_at": 0,
+        "consumers": 0,
+        "done": 0,
+        "lr": 0,
+        "has_lr": False,
+        "grants": 0,
+        "released": 0,
+        "swept": now,
+        "ended_at": 0,
+    }
 
 
-def observe(table: LeaseTable, rid: str, pre: dict[str, Any], *, now: float,
-            released: Release | None, swept: bool) -> dict[str, Any]:
+def observe(
+    table: LeaseTable,
+    rid: str,
+    pre: dict[str, Any],
+    *,
+    now: float,
+    released: Release | None,
+    swept: bool,
+) -> dict[str, Any]:
     """What the runtime exposes about lease ``rid`` after a call at ``now``."""
     obs: dict[str, Any] = {"now": now, "released": pre["released"] + (released is not None)}
     if swept:
@@ -82,16 +114,25 @@ def observe(table: LeaseTable, rid: str, pre: dict[str, Any], *, now: float,
     reason = table.ended(rid)
     obs["st"] = model.ABSENT if reason is None else STATE_OF[reason]
     if released is not None:
-        obs.update(ended_at=released.at, deadline=released.deadline,
-                   granted_at=released.granted_at, has_lr=released.last_renewal is not None)
+        obs.update(
+            ended_at=released.at,
+            deadline=released.deadline,
+            granted_at=released.granted_at,
+            has_lr=released.last_renewal is not None,
+        )
         if released.last_renewal is not None:
             obs["lr"] = released.last_renewal
     return obs
 
 
 op = st.one_of(
-    st.tuples(st.just("grant"), st.sampled_from(IDS), quarter,
-              st.sampled_from([None, 0.5, 2.0, 20.0]), st.integers(1, 3)),
+    st.tuples(
+        st.just("grant"),
+        st.sampled_from(IDS),
+        quarter,
+        st.sampled_from([None, 0.5, 2.0, 20.0]),
+        st.integers(1, 3),
+    ),
     st.tuples(st.just("renew"), st.lists(st.sampled_from(IDS), max_size=4), quarter),
     st.tuples(st.just("transfer_done"), st.sampled_from(IDS), quarter),
     st.tuples(st.just("abort"), st.sampled_from(IDS), quarter),
@@ -101,9 +142,14 @@ op = st.one_of(
 
 @given(cap=st.booleans(), ops=st.lists(op, max_size=30))
 def test_lease_table_refines_the_lease_model(cap: bool, ops: list[tuple[Any, ...]]) -> None:
-    cfg = LeaseConfig(kv_lease_duration=8, heartbeat_interval=1, lease_extension=4,
-                      max_lease_lifetime=12 if cap else None, staging_capacity=0,
-                      tombstone_ttl=10_000)
+    cfg = LeaseConfig(
+        kv_lease_duration=8,
+        heartbeat_interval=1,
+        lease_extension=4,
+        max_lease_lifetime=12 if cap else None,
+        staging_capacity=0,
+        tombstone_ttl=10_000,
+    )
     sys_ = model.lease_system(cap=cap)
     params = {"E": cfg.lease_extension, **({"C": cfg.max_lease_lifetime} if cap else {})}
     table = LeaseTable(cfg)
@@ -121,9 +167,12 @@ def test_lease_table_refines_the_lease_model(cap: bool, ops: list[tuple[Any, ...
                     table.grant(rid, now=now, consumers=consumers, ttl=ttl)
                 guard = sys_.transition("grant").guard(
                     zvals(state[rid], sys_.fields),
-                    zvals({"t": now, "ttl": 1, "consumers": 1}, {"t": z3.RealSort(),
-                          "ttl": z3.RealSort(), "consumers": z3.IntSort()}),
-                    zvals(params, sys_.params))
+                    zvals(
+                        {"t": now, "ttl": 1, "consumers": 1},
+                        {"t": z3.RealSort(), "ttl": z3.RealSort(), "consumers": z3.IntSort()},
+                    ),
+                    zvals(params, sys_.params),
+                )
                 assert z3.is_false(z3.simplify(guard)), "model allows granting a live lease"
                 continue
             if state[rid]["st"] != model.ABSENT:  # a reused id: a new lease instance
@@ -131,8 +180,7 @@ def test_lease_table_refines_the_lease_model(cap: bool, ops: list[tuple[Any, ...
             out = table.grant(rid, now=now, consumers=consumers, ttl=ttl)
             assert out is None  # nothing is staged (staging_capacity=0)
             steps[rid] = "grant"
-            args[rid].update(ttl=cfg.kv_lease_duration if ttl is None else ttl,
-                             consumers=consumers)
+            args[rid].update(ttl=cfg.kv_lease_duration if ttl is None else ttl, consumers=consumers)
         elif kind == "renew":
             table.renew(rest[0], now=now)
             for rid in set(rest[0]):
@@ -148,12 +196,19 @@ def test_lease_table_refines_the_lease_model(cap: bool, ops: list[tuple[Any, ...
                 released[rel.req_id] = rel
             steps = dict.fromkeys(IDS, "expire")
         for rid in IDS:
-            obs = observe(table, rid, state[rid], now=now, released=released.get(rid),
-                          swept=steps[rid] == "expire")
+            obs = observe(
+                table,
+                rid,
+                state[rid],
+                now=now,
+                released=released.get(rid),
+                swept=steps[rid] == "expire",
+            )
             if steps[rid] == "grant":
                 obs["grants"] = state[rid]["grants"] + 1
-            state[rid] = check_step(sys_, steps[rid], state[rid], obs, args=args[rid],
-                                    params=params)
+            state[rid] = check_step(
+                sys_, steps[rid], state[rid], obs, args=args[rid], params=params
+            )
 
 
 # -- HeartbeatTracker ---------------------------------------------------------------------
@@ -164,8 +219,9 @@ dop = st.one_of(
     st.tuples(st.just("track"), st.sampled_from(ENGINES), st.integers(0, 5)),
     st.tuples(st.just("untrack"), st.integers(0, 5)),
     st.tuples(st.just("drop"), st.sampled_from(ENGINES)),
-    st.tuples(st.just("due"), st.integers(0, 12).map(lambda k: k / 4),
-              st.sets(st.sampled_from(ENGINES))),
+    st.tuples(
+        st.just("due"), st.integers(0, 12).map(lambda k: k / 4), st.sets(st.sampled_from(ENGINES))
+    ),
 )
 
 
@@ -176,8 +232,10 @@ def test_heartbeat_tracker_refines_the_engine_model(ops: list[tuple[Any, ...]]) 
     params = {"H": cfg.heartbeat_interval, "S": S_BOUND}
     tr = HeartbeatTracker(cfg)
     now = 0.0
-    eng = {e: {"now": now, "tracked": False, "has_last": False, "last": 0, "pend": False}
-           for e in ENGINES}
+    eng = {
+        e: {"now": now, "tracked": False, "has_last": False, "last": 0, "pend": False}
+        for e in ENGINES
+    }
     for kind, *rest in ops:
         if kind == "track":
             e, n = rest
@@ -187,8 +245,9 @@ def test_heartbeat_tracker_refines_the_engine_model(ops: list[tuple[Any, ...]]) 
             was = e in tr.engines()
             tr.track(rid, engine_id=e, now=now)
             if not was:
-                eng[e] = check_step(sys_, "track", eng[e], {"tracked": True}, args={},
-                                    params=params)
+                eng[e] = check_step(
+                    sys_, "track", eng[e], {"tracked": True}, args={}, params=params
+                )
         elif kind in ("untrack", "drop"):
             e = tr.engine_of(f"r{rest[0]}") if kind == "untrack" else rest[0]
             if e is None:
@@ -198,9 +257,14 @@ def test_heartbeat_tracker_refines_the_engine_model(ops: list[tuple[Any, ...]]) 
             else:
                 tr.drop_engine(e)
             if e not in tr.engines() and eng[e]["tracked"]:
-                eng[e] = check_step(sys_, "untrack_last", eng[e],
-                                    {"tracked": False, "has_last": False}, args={},
-                                    params=params)
+                eng[e] = check_step(
+                    sys_,
+                    "untrack_last",
+                    eng[e],
+                    {"tracked": False, "has_last": False},
+                    args={},
+                    params=params,
+                )
         else:
             dt, pending = rest
             now += min(dt, S_BOUND)
@@ -209,25 +273,39 @@ def test_heartbeat_tracker_refines_the_engine_model(ops: list[tuple[Any, ...]]) 
             for e in ENGINES:
                 sent = e in out
                 if sent:
-                    assert sorted(out[e]) == sorted(f"r{i}" for i in range(6)
-                                                    if tr.engine_of(f"r{i}") == e)
-                obs = {"now": now, "pend": e in pending,
-                       "tracked": e in tr.engines(),
-                       "last": now if sent else eng[e]["last"],
-                       "has_last": eng[e]["has_last"] or sent}
-                eng[e] = check_step(sys_, "step", eng[e], obs,
-                                    args={"t": now, "pending": e in pending}, params=params)
+                    assert sorted(out[e]) == sorted(
+                        f"r{i}" for i in range(6) if tr.engine_of(f"r{i}") == e
+                    )
+                obs = {
+                    "now": now,
+                    "pend": e in pending,
+                    "tracked": e in tr.engines(),
+                    "last": now if sent else eng[e]["last"],
+                    "has_last": eng[e]["has_last"] or sent,
+                }
+                eng[e] = check_step(
+                    sys_,
+                    "step",
+                    eng[e],
+                    obs,
+                    args={"t": now, "pending": e in pending},
+                    params=params,
+                )
 
 
 # -- ClockOffset --------------------------------------------------------------------------
 sample = st.tuples(quarter, st.integers(-400, 400).map(lambda k: k / 4), quarter)
 
 
-@given(samples=st.lists(sample, min_size=1, max_size=5), now=quarter,
-       deadline=st.integers(-400, 400).map(lambda k: k / 4), margin=quarter)
-def test_clock_offset_refines_the_gate_model(samples: list[tuple[float, float, float]],
-                                             now: float, deadline: float,
-                                             margin: float) -> None:
+@given(
+    samples=st.lists(sample, min_size=1, max_size=5),
+    now=quarter,
+    deadline=st.integers(-400, 400).map(lambda k: k / 4),
+    margin=quarter,
+)
+def test_clock_offset_refines_the_gate_model(
+    samples: list[tuple[float, float, float]], now: float, deadline: float, margin: float
+) -> None:
     clock = ClockOffset()
     best: tuple[Any, Any] | None = None
     best_rtt = None
@@ -235,11 +313,15 @@ def test_clock_offset_refines_the_gate_model(samples: list[tuple[float, float, f
         clock.add_sample(t0=t0, remote_time=remote, t1=t0 + rtt)
         if best_rtt is None or rtt < best_rtt:
             best_rtt = rtt
-            best = model.sample_offset(to_z3(t0, z3.RealSort()), to_z3(remote, z3.RealSort()),
-                                       to_z3(t0 + rtt, z3.RealSort()))
+            best = model.sample_offset(
+                to_z3(t0, z3.RealSort()),
+                to_z3(remote, z3.RealSort()),
+                to_z3(t0 + rtt, z3.RealSort()),
+            )
     assert best is not None
     offset, unc = (from_z3(x) for x in best)
     assert Fraction(clock.offset) == offset and Fraction(clock.uncertainty) == unc
-    gate = R.read_allowed(*(to_z3(v, z3.RealSort()) for v in (deadline, now, clock.offset,
-                                                             clock.uncertainty, margin)))
+    gate = R.read_allowed(
+        *(to_z3(v, z3.RealSort()) for v in (deadline, now, clock.offset, clock.uncertainty, margin))
+    )
     assert from_z3(gate) == clock.read_allowed(deadline, now=now, margin=margin)

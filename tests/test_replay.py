@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from leaseproto import _rules
-from leaseproto._replay import replay_text
-from leaseproto._scenario import ScenarioError, parse_scenario
 from leaseproto.cli import main
+from leaseproto.core import rules as _rules
+from leaseproto.scenarios.format import ScenarioError, parse_scenario
+from leaseproto.scenarios.replay import replay_text
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "spec" / "scenarios"
 SPEC = SCENARIOS.parent / "lease-protocol.md"
@@ -33,13 +33,14 @@ def test_there_are_scenarios_and_the_spec_lists_exactly_them() -> None:
 
 @pytest.mark.parametrize("path", FILES, ids=[f.stem for f in FILES])
 def test_scenario_replays_to_its_recorded_outcome(
-        path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     status, out, err = _run(capsys, str(path))
     assert err == ""
     assert status == 0
     assert out == path.with_suffix(".out").read_text(), (
-        f"replay output changed; if intended: leaseproto replay {path} > "
-        f"{path.with_suffix('.out')}")
+        f"replay output changed; if intended: leaseproto replay {path} > {path.with_suffix('.out')}"
+    )
 
 
 @pytest.mark.parametrize("path", FILES, ids=[f.stem for f in FILES])
@@ -53,8 +54,11 @@ def test_scenario_expectations_hold_and_exist(path: Path) -> None:
 # -- what the scenarios show, read from the events (not from the golden files) ------------------
 def _releases(name: str) -> dict[tuple[str, str], tuple[str, float]]:
     result = replay_text((SCENARIOS / name).read_text())
-    return {(e.where, e.data["id"]): (e.data["reason"], e.t)
-            for e in result.events if e.kind == "release"}
+    return {
+        (e.where, e.data["id"]): (e.data["reason"], e.t)
+        for e in result.events
+        if e.kind == "release"
+    }
 
 
 def test_b1_schedules_reclaim_the_dead_tail_on_time_I4() -> None:
@@ -77,8 +81,11 @@ def test_cap_ends_a_heartbeating_lease_at_granted_at_plus_cap_I7() -> None:
 def test_d_crash_reclaim_within_bound_I5_I6() -> None:
     rel = _releases("d-crash.jsonl")
     # max(granted_at + L, last handled heartbeat + E), released at the next P step (0.25 s)
-    for rid, bound in (("A", max(0 + 30, 20.75 + 20)), ("B", max(12 + 30, 20.75 + 20)),
-                       ("C", 22 + 30)):
+    for rid, bound in (
+        ("A", max(0 + 30, 20.75 + 20)),
+        ("B", max(12 + 30, 20.75 + 20)),
+        ("C", 22 + 30),
+    ):
         reason, at = rel[("P", rid)]
         assert reason == "expired"
         assert bound <= at <= bound + 0.25
@@ -122,25 +129,29 @@ def test_pending_handshake_keeps_the_turn_I11() -> None:
 def test_a_broken_renewal_rule_fails_the_scenarios(monkeypatch: pytest.MonkeyPatch) -> None:
     """The replays drive the real rules: make renewal assign instead of taking the max
     (breaking I1) and the hand-written expectations catch it."""
-    def assign(state: int, deadline: float, cap_at: float | None, now: float,
-               extension: float) -> tuple[bool, float]:
+
+    def assign(
+        state: int, deadline: float, cap_at: float | None, now: float, extension: float
+    ) -> tuple[bool, float]:
         applies = state == _rules.GRANTED and now < deadline
         return applies, (now + extension if applies else deadline)
+
     monkeypatch.setattr(_rules, "renew_rule", assign)
     result = replay_text((SCENARIOS / "normal.jsonl").read_text())
     assert result.expects_failed >= 1
-    assert any("EXPECT FAILED" in e.text and "deadline of cmpl-1" in e.text
-               for e in result.events)
+    assert any("EXPECT FAILED" in e.text and "deadline of cmpl-1" in e.text for e in result.events)
 
 
 # -- clocks --------------------------------------------------------------------------------
 def test_a_fast_P_clock_expires_early_in_real_time() -> None:
-    text = "\n".join([
-        '{"clocks": {"P": {"rate": 1.25}}}',
-        '{"t": 0, "op": "grant", "id": "A"}',
-        '{"t": 0.5, "op": "p_step", "every": 0.5, "until": 30}',
-        '{"t": 24, "op": "expect", "released": {"A": {"reason": "expired", "at": 30}}}',
-    ])
+    text = "\n".join(
+        [
+            '{"clocks": {"P": {"rate": 1.25}}}',
+            '{"t": 0, "op": "grant", "id": "A"}',
+            '{"t": 0.5, "op": "p_step", "every": 0.5, "until": 30}',
+            '{"t": 24, "op": "expect", "released": {"A": {"reason": "expired", "at": 30}}}',
+        ]
+    )
     result = replay_text(text)
     assert result.ok
     rel = [e for e in result.events if e.kind == "release"]
@@ -159,8 +170,7 @@ def test_json_output_is_one_object_per_event(capsys: pytest.CaptureFixture[str])
 
 def test_failed_expect_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     f = tmp_path / "s.jsonl"
-    f.write_text('{"t": 0, "op": "grant", "id": "A"}\n'
-                 '{"t": 1, "op": "expect", "live": []}\n')
+    f.write_text('{"t": 0, "op": "grant", "id": "A"}\n{"t": 1, "op": "expect", "live": []}\n')
     status, out, _ = _run(capsys, str(f))
     assert status == 1
     assert "EXPECT FAILED (live): live on P is ['A'], expected []" in out
@@ -179,16 +189,22 @@ BAD = [
     ('{"config": {"kv_lease_durration": 25}}', 1, "unknown config key(s)"),
     ('{"t": 0, "op": "p_step"}\n{"delay": 1}', 2, "header"),
     ('{"t": 0, "op": "track", "id": "a", "engine": "Q"}', 1, "unknown engine 'Q'"),
-    ('{"engines": {"P": {"tp": 2}}}\n{"t": 0, "op": "grant", "id": "A", "rank": 2}', 2,
-     "rank 2 out of range"),
-    ('{"engines": {"P": {}, "Q": {}}}\n{"t": 0, "op": "grant", "id": "A"}', 2,
-     "'engine' is required"),
+    (
+        '{"engines": {"P": {"tp": 2}}}\n{"t": 0, "op": "grant", "id": "A", "rank": 2}',
+        2,
+        "rank 2 out of range",
+    ),
+    (
+        '{"engines": {"P": {}, "Q": {}}}\n{"t": 0, "op": "grant", "id": "A"}',
+        2,
+        "'engine' is required",
+    ),
     ('{"t": 0, "op": "send", "abort": "A", "transfer_done": "A"}', 1, "exactly one of"),
     ('{"t": 0, "op": "p_step", "every": 1}', 1, "'every' needs 'until'"),
     ('{"t": 0, "op": "expect"}', 1, "nothing to check"),
     ('{"t": 0, "op": "expect", "released": {"A": "gone"}}', 1, "needs a reason"),
-    ('[1, 2]', 1, "must be a JSON object"),
-    ('# only a comment', 0, "no operations"),
+    ("[1, 2]", 1, "must be a JSON object"),
+    ("# only a comment", 0, "no operations"),
 ]
 
 
@@ -201,10 +217,16 @@ def test_bad_scenario_names_the_line(text: str, line: int, message: str) -> None
 
 
 RUNTIME_BAD = [
-    ('{"t": 0, "op": "grant", "id": "A"}\n{"t": 1, "op": "grant", "id": "A"}', 2,
-     "cannot be granted again"),
-    ('{"t": 0, "op": "track", "id": "a"}\n{"t": 1, "op": "track", "id": "a"}', 2,
-     "already tracked"),
+    (
+        '{"t": 0, "op": "grant", "id": "A"}\n{"t": 1, "op": "grant", "id": "A"}',
+        2,
+        "cannot be granted again",
+    ),
+    (
+        '{"t": 0, "op": "track", "id": "a"}\n{"t": 1, "op": "track", "id": "a"}',
+        2,
+        "already tracked",
+    ),
     ('{"t": 0, "op": "d_crash"}\n{"t": 1, "op": "track", "id": "a"}', 2, "D is down"),
     ('{"t": 0, "op": "d_restart"}', 1, "D is running"),
     ('{"t": 0, "op": "send", "abort": "a,b"}', 1, "contains ','"),
@@ -215,8 +237,8 @@ RUNTIME_BAD = [
 
 @pytest.mark.parametrize(("text", "line", "message"), RUNTIME_BAD)
 def test_misuse_stops_the_replay_at_its_line(
-        text: str, line: int, message: str, tmp_path: Path,
-        capsys: pytest.CaptureFixture[str]) -> None:
+    text: str, line: int, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     f = tmp_path / "s.jsonl"
     f.write_text(text)
     status, _, err = _run(capsys, str(f))
@@ -226,7 +248,8 @@ def test_misuse_stops_the_replay_at_its_line(
 
 
 def test_parse_errors_reach_the_cli_without_a_traceback(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     f = tmp_path / "s.jsonl"
     f.write_text('{"t": 0, "op": "grant", "id": "A"}\n{"t": 1, "op": "nope"}\n')
     status, out, err = _run(capsys, str(f))

@@ -77,8 +77,9 @@ def test_every_grant_released_exactly_once(crash: dict[str, FleetRun]) -> None:
         fig = run.fig
         assert fig.granted == fig.requests == len(run.wl), name
         assert all(r is not None for r in run.release_of), name
-        assert (fig.released_transferred + fig.released_expired + fig.released_aborted
-                == fig.granted), name
+        assert (
+            fig.released_transferred + fig.released_expired + fig.released_aborted == fig.granted
+        ), name
         for r in run.release_of:
             assert r is not None
             # P frees on the first step at or after the deadline, never before it.
@@ -168,8 +169,9 @@ def test_cap_bounds_a_stuck_but_heartbeating_d() -> None:
 def test_small_notifications_split_heartbeats() -> None:
     sc = replace(SURGE, duration=200.0)
     big = compare(sc, seed=1, policies=[Policy.lease(CFG)]).figures[0]
-    small = compare(sc, seed=1,
-                    policies=[Policy.lease(LeaseConfig(max_notification_bytes=128))]).figures[0]
+    small = compare(
+        sc, seed=1, policies=[Policy.lease(LeaseConfig(max_notification_bytes=128))]
+    ).figures[0]
     assert big.hb_ids == small.hb_ids > 0  # D sent the same ids ...
     assert small.hb_msgs_per_s > 2 * big.hb_msgs_per_s  # ... in more, smaller messages
     assert small.hb_bytes_per_s > big.hb_bytes_per_s  # each repeats the prefix
@@ -196,19 +198,26 @@ def test_presets_and_scale() -> None:
     with pytest.raises(ValueError, match="decode engine"):
         replace(CRASH, crashes=(Crash(at=1.0, engine=9),))
     assert [p.name for p in default_policies()] == [
-        "fixed 480s", "fixed 30s", "lease", "lease+cap 300s"]
+        "fixed 480s",
+        "fixed 30s",
+        "lease",
+        "lease+cap 300s",
+    ]
 
 
 def test_cli_writes_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "o"
-    rc = main(["sim", "--preset", "crash", "--duration", "120", "--no-progress",
-               "--out", str(out)])
+    rc = main(["sim", "--preset", "crash", "--duration", "120", "--no-progress", "--out", str(out)])
     assert rc == 0
     text = capsys.readouterr().out
     assert "fixed 480s" in text and "lease+cap 300s" in text
     doc = json.loads((out / "figures.json").read_text())
     assert [f["policy"] for f in doc["figures"]] == [
-        "fixed 480s", "fixed 30s", "lease", "lease+cap 300s"]
+        "fixed 480s",
+        "fixed 30s",
+        "lease",
+        "lease+cap 300s",
+    ]
     assert (out / "series.csv").read_text().startswith("policy,t,p_blocks")
     assert main(["sim", "--policies", "fixed:abc", "--no-progress"]) == 2
     assert main(["sim", "--policies", "cap:10", "--no-progress"]) == 2  # C4: cap < lease
@@ -217,6 +226,20 @@ def test_cli_writes_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
 def test_cli_plot(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     png = tmp_path / "p.png"
-    assert main(["sim", "--preset", "surge", "--duration", "60", "--no-progress", "--json",
-                 "--plot", str(png)]) == 0
+    assert (
+        main(
+            [
+                "sim",
+                "--preset",
+                "surge",
+                "--duration",
+                "60",
+                "--no-progress",
+                "--json",
+                "--plot",
+                str(png),
+            ]
+        )
+        == 0
+    )
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

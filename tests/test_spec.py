@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from leaseproto import HeartbeatTracker, LeaseConfig, LocalProtocolError, wire
-from leaseproto import _diagram as dg
-from leaseproto._state import TRANSITIONS, Guard, Input, LeaseState, Transition
+from leaseproto.core.state import TRANSITIONS, Guard, Input, LeaseState, Transition
+from leaseproto.scenarios import diagram as dg
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC_DIR = ROOT / "spec"
@@ -30,8 +30,11 @@ def _section(text: str, number: str) -> str:
     """The body of section ``number`` ("3.2", "4"), up to the next heading of its level
     or above."""
     level = "##" if "." not in number else "###"
-    m = re.search(rf"^{level} {re.escape(number)}\.? .*?$(.*?)(?=^#{{2,{len(level)}}} |\Z)",
-                  text, re.MULTILINE | re.DOTALL)
+    m = re.search(
+        rf"^{level} {re.escape(number)}\.? .*?$(.*?)(?=^#{{2,{len(level)}}} |\Z)",
+        text,
+        re.MULTILINE | re.DOTALL,
+    )
     assert m, f"spec has no section {number}"
     return m.group(1)
 
@@ -42,7 +45,8 @@ def test_embedded_diagrams_equal_the_generated_ones() -> None:
     for name in dg.BLOCKS:
         assert f"<!-- BEGIN GENERATED: {name} -->" in text, name
     assert dg.stale_blocks(text) == [], (
-        "run: leaseproto spec-diagrams --write spec/lease-protocol.md")
+        "run: leaseproto spec-diagrams --write spec/lease-protocol.md"
+    )
 
 
 def test_stale_block_is_detected_and_rewritten() -> None:
@@ -65,7 +69,8 @@ def test_lease_diagram_and_table_come_from_the_transition_table() -> None:
     # a changed row changes the picture: the generator reads the table, not a copy
     mutated = dict(TRANSITIONS)
     mutated[(LeaseState.GRANTED, Input.RECV_HEARTBEAT)] = Transition(
-        LeaseState.EXPIRED, Guard.DUE, "lapse")
+        LeaseState.EXPIRED, Guard.DUE, "lapse"
+    )
     art = dg.lease_ascii(mutated)
     assert art != ascii_art and "recv_heartbeat" in art and "/ lapse" in art
     assert "GRANTED --> EXPIRED: recv_heartbeat [deadline <= now]" in dg.lease_mermaid(mutated)
@@ -73,8 +78,9 @@ def test_lease_diagram_and_table_come_from_the_transition_table() -> None:
 
 def test_a_table_that_is_not_a_layered_fan_out_is_listed_edge_by_edge() -> None:
     mutated = dict(TRANSITIONS)
-    mutated[(LeaseState.EXPIRED, Input.GRANT)] = Transition(LeaseState.GRANTED, Guard.ALWAYS,
-                                                            "regrant")
+    mutated[(LeaseState.EXPIRED, Input.GRANT)] = Transition(
+        LeaseState.GRANTED, Guard.ALWAYS, "regrant"
+    )
     art = dg.lease_ascii(mutated)
     assert "EXPIRED --grant / regrant--> GRANTED" in art
     assert "ABSENT --grant / grant--> GRANTED" in art
@@ -110,9 +116,14 @@ def _setup_engine(state: str) -> tuple[HeartbeatTracker, float]:
     return tr, 1.0  # (tracker, time of the last send or of tracking)
 
 
-_STEP_NOW = {"": 1.0 + H, "pending": 1.0 + H, "not pending": 1.0 + H,
-             "now - last < H": 1.0 + H / 2, "now - last >= H, pending": 1.0 + H,
-             "now - last >= H, not pending": 1.0 + H}
+_STEP_NOW = {
+    "": 1.0 + H,
+    "pending": 1.0 + H,
+    "not pending": 1.0 + H,
+    "now - last < H": 1.0 + H / 2,
+    "now - last >= H, pending": 1.0 + H,
+    "now - last >= H, not pending": 1.0 + H,
+}
 
 
 def _check_engine_edge(e: dg.TrackerEdge) -> None:
@@ -126,8 +137,9 @@ def _check_engine_edge(e: dg.TrackerEdge) -> None:
     elif e.event == "drop_engine":
         assert tr.drop_engine(E_ID) == ["r1"]
     elif e.event == "step":
-        pending = {E_ID} if e.guard.endswith("pending") and not e.guard.endswith(
-            "not pending") else set()
+        pending = (
+            {E_ID} if e.guard.endswith("pending") and not e.guard.endswith("not pending") else set()
+        )
         sent = tr.due(now=_STEP_NOW[e.guard], pending=pending)
     else:
         pytest.fail(f"no way to check event {e.event!r}")
@@ -167,9 +179,11 @@ def _check_request_edge(e: dg.TrackerEdge) -> None:
     assert ("TRACKED" if "r1" in tr else "UNTRACKED") == e.target, e
 
 
-@pytest.mark.parametrize("edge", dg.TRACKER_EDGES,
-                         ids=[f"{e.machine}:{e.source}-{e.event}-{e.guard}"
-                              for e in dg.TRACKER_EDGES])
+@pytest.mark.parametrize(
+    "edge",
+    dg.TRACKER_EDGES,
+    ids=[f"{e.machine}:{e.source}-{e.event}-{e.guard}" for e in dg.TRACKER_EDGES],
+)
 def test_tracker_edge_matches_heartbeat_tracker(edge: dg.TrackerEdge) -> None:
     if edge.machine == "engine":
         _check_engine_edge(edge)
@@ -179,9 +193,13 @@ def test_tracker_edge_matches_heartbeat_tracker(edge: dg.TrackerEdge) -> None:
 
 def test_tracker_description_covers_every_step_case() -> None:
     steps = {(e.source, e.guard) for e in dg.TRACKER_EDGES if e.event == "step"}
-    assert steps == {("NEVER_SENT", "pending"), ("NEVER_SENT", "not pending"),
-                     ("SENT", "now - last < H"), ("SENT", "now - last >= H, pending"),
-                     ("SENT", "now - last >= H, not pending")}
+    assert steps == {
+        ("NEVER_SENT", "pending"),
+        ("NEVER_SENT", "not pending"),
+        ("SENT", "now - last < H"),
+        ("SENT", "now - last >= H, pending"),
+        ("SENT", "now - last >= H, not pending"),
+    }
 
 
 # -- ids, prefixes, keys, section numbers --------------------------------------------------------
@@ -231,12 +249,17 @@ def _fmt(value: object) -> str:
 
 
 def test_every_config_key_is_in_the_constants_table_with_its_default() -> None:
-    rows = {m.group(1): m.group(2) for m in re.finditer(
-        r"^\| `(\w+)` \|[^|]*\| ([^|]*) \|", _section(_spec(), "4"), re.MULTILINE)}
+    rows = {
+        m.group(1): m.group(2)
+        for m in re.finditer(
+            r"^\| `(\w+)` \|[^|]*\| ([^|]*) \|", _section(_spec(), "4"), re.MULTILINE
+        )
+    }
     for key, value in LeaseConfig().as_dict().items():
         assert key in rows, f"{key} missing from spec §4"
         assert re.search(rf"(?<![\d.]){re.escape(_fmt(value))}(?![\d.])", rows[key]), (
-            f"spec §4 default of {key} should show {_fmt(value)}: {rows[key]!r}")
+            f"spec §4 default of {key} should show {_fmt(value)}: {rows[key]!r}"
+        )
     for rule in ("C1", "C2", "C3", "C4", "C5", "C6"):
         assert f"**{rule}**" in _section(_spec(), "4")
 

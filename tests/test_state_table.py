@@ -1,13 +1,13 @@
-"""The transition table (leaseproto._state) is total where it must be and
-the rules (leaseproto._rules) follow it (style: h2's totality test)."""
+"""The transition table (leaseproto.core.state) is total where it must be and
+the rules (leaseproto.core.rules) follow it (style: h2's totality test)."""
 
 from itertools import product
 
 import pytest
 
 from leaseproto import TRANSITIONS, Guard, Input, LeaseState
-from leaseproto import _rules as R
-from leaseproto._state import ENDED_STATES
+from leaseproto.core import rules as R
+from leaseproto.core.state import ENDED_STATES
 
 
 def test_table_is_total_except_granting_a_granted_or_ended_lease() -> None:
@@ -23,16 +23,21 @@ def test_ended_states_are_absorbing_I2() -> None:
 
 def test_only_granted_leases_are_released_I3() -> None:
     releases = {(s, i) for (s, i), t in TRANSITIONS.items() if t.effect == "release"}
-    assert releases == {(LeaseState.GRANTED, Input.RECV_TRANSFER_DONE),
-                        (LeaseState.GRANTED, Input.RECV_ABORT),
-                        (LeaseState.GRANTED, Input.TIMER_EXPIRE)}
+    assert releases == {
+        (LeaseState.GRANTED, Input.RECV_TRANSFER_DONE),
+        (LeaseState.GRANTED, Input.RECV_ABORT),
+        (LeaseState.GRANTED, Input.TIMER_EXPIRE),
+    }
     for s, i in releases:
         assert TRANSITIONS[(s, i)].target in ENDED_STATES
 
 
 def test_nothing_but_grant_enters_granted_I2() -> None:
-    into = {(s, i) for (s, i), t in TRANSITIONS.items()
-            if t.target is LeaseState.GRANTED and s is not LeaseState.GRANTED}
+    into = {
+        (s, i)
+        for (s, i), t in TRANSITIONS.items()
+        if t.target is LeaseState.GRANTED and s is not LeaseState.GRANTED
+    }
     assert into == {(LeaseState.ABSENT, Input.GRANT)}
 
 

@@ -6,7 +6,8 @@ from hypothesis import settings
 from leaseproto.testing.machine import LeaseTableMachine
 
 LeaseTableMachine.TestCase.settings = settings(
-    settings.default, stateful_step_count=100,
+    settings.default,
+    stateful_step_count=100,
     max_examples=settings.default.max_examples,
 )
 TestLeaseTableMachine = LeaseTableMachine.TestCase

@@ -57,9 +57,13 @@ def test_grant_rejects_bad_ttl(bad: object) -> None:
 def test_now_going_backwards_is_misuse() -> None:
     t = table()
     t.grant("a", now=5.0)
-    for call in (lambda: t.renew(["a"], now=4.0), lambda: t.expire(now=4.9),
-                 lambda: t.transfer_done("a", now=1.0), lambda: t.abort("a", now=0.0),
-                 lambda: t.grant("b", now=4.0)):
+    for call in (
+        lambda: t.renew(["a"], now=4.0),
+        lambda: t.expire(now=4.9),
+        lambda: t.transfer_done("a", now=1.0),
+        lambda: t.abort("a", now=0.0),
+        lambda: t.grant("b", now=4.0),
+    ):
         with pytest.raises(LocalProtocolError, match="backwards"):
             call()
     assert t.deadline("a") == 35.0 and "b" not in t

@@ -98,16 +98,24 @@ def test_next_due_is_minus_inf_for_a_new_engine() -> None:
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from leaseproto import _rules as R  # noqa: E402
+from leaseproto.core import rules as R  # noqa: E402
 
-_due = st.tuples(st.just("due"), st.sampled_from([0.0, 0.1, 0.2, 0.3, 0.49, 0.5, 0.51, 1.0]),
-                 st.sampled_from(["", "", "", "A", "B", "AB"]))
-_ops = st.lists(st.one_of(
-    st.tuples(st.just("track"), st.integers(0, 5), st.sampled_from("ABC")),
-    _due, _due,
-    st.tuples(st.just("untrack"), st.integers(0, 5), st.just("")),
-    st.tuples(st.just("drop"), st.just(0), st.sampled_from("ABC")),
-), min_size=5, max_size=60)
+_due = st.tuples(
+    st.just("due"),
+    st.sampled_from([0.0, 0.1, 0.2, 0.3, 0.49, 0.5, 0.51, 1.0]),
+    st.sampled_from(["", "", "", "A", "B", "AB"]),
+)
+_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("track"), st.integers(0, 5), st.sampled_from("ABC")),
+        _due,
+        _due,
+        st.tuples(st.just("untrack"), st.integers(0, 5), st.just("")),
+        st.tuples(st.just("drop"), st.just(0), st.sampled_from("ABC")),
+    ),
+    min_size=5,
+    max_size=60,
+)
 
 
 def test_engines_with_different_last_heartbeats_each_get_their_turn() -> None:
@@ -150,8 +158,11 @@ def test_due_matches_a_naive_full_scan_I11(ops: list[tuple[str, object, str]]) -
         else:
             assert isinstance(arg, float)
             now += arg
-            want = {e: list(reqs.values()) for e, reqs in engines.items()
-                    if e not in name and (e not in last or R.heartbeat_due(last[e], now, 0.5))}
+            want = {
+                e: list(reqs.values())
+                for e, reqs in engines.items()
+                if e not in name and (e not in last or R.heartbeat_due(last[e], now, 0.5))
+            }
             for e in want:
                 last[e] = now
             assert t.due(now=now, pending=set(name)) == want

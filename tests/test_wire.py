@@ -1,18 +1,20 @@
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from leaseproto.wire import Abort, Heartbeat, MalformedMessage, Nack, TransferDone
 
 from leaseproto import LeaseTable, wire
-from leaseproto.wire import Abort, Heartbeat, MalformedMessage, Nack, TransferDone
 
 ID_CHARS = st.characters(blacklist_categories=("Cs", "Cc"), blacklist_characters=",")
 ids = st.text(ID_CHARS, min_size=1, max_size=40).filter(
-    lambda s: not (s + ":").startswith(("HB:", "AB:", "NK:")))
+    lambda s: not (s + ":").startswith(("HB:", "AB:", "NK:"))
+)
 
 
 def test_vllm_byte_compatible_formats() -> None:
     assert wire.encode_heartbeat(["cmpl-abc-1a2b3c4d", "cmpl-def-9f8e7d6c"]) == [
-        b"HB:cmpl-abc-1a2b3c4d,cmpl-def-9f8e7d6c"]
+        b"HB:cmpl-abc-1a2b3c4d,cmpl-def-9f8e7d6c"
+    ]
     assert wire.encode_transfer_done("cmpl-abc-1a2b3c4d", 2) == b"cmpl-abc-1a2b3c4d:2"
     assert wire.decode(b"HB:a,b") == Heartbeat(("a", "b"))
     assert wire.decode(b"chat:cmpl:x:4") == TransferDone("chat:cmpl:x", 4)  # last ':' splits
@@ -35,8 +37,9 @@ def test_heartbeat_split_respects_max_bytes_and_keeps_every_id_once() -> None:
     assert wire.encode_heartbeat([]) == []
 
 
-@pytest.mark.parametrize("bad", ["", "a,b", "x" * 600, "HB:x", "AB:y", "NK:z", "HB", "AB", "NK",
-                                 "tab\there", 7])
+@pytest.mark.parametrize(
+    "bad", ["", "a,b", "x" * 600, "HB:x", "AB:y", "NK:z", "HB", "AB", "NK", "tab\there", 7]
+)
 def test_unencodable_ids_raise_value_error(bad: object) -> None:
     with pytest.raises(ValueError):
         wire.encode_heartbeat([bad])  # type: ignore[list-item]
@@ -55,11 +58,30 @@ def test_bad_counts_rejected(bad: object) -> None:
         wire.encode_transfer_done("a", bad)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("payload", [
-    b"", b"HB:", b"HB:a,,b", b"HB:a,", b"\xff\xfe", b"noseparator", b"id:", b"id:-1", b"id:0",
-    b"id:1.5", b"id: 2", b"id:\xd9\xa3", b":3", b"NK:late:x", b"NK:expired", b"AB:", b"AB:a,b",
-    b"HB:HB:x", b"id:99999999",
-])
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"",
+        b"HB:",
+        b"HB:a,,b",
+        b"HB:a,",
+        b"\xff\xfe",
+        b"noseparator",
+        b"id:",
+        b"id:-1",
+        b"id:0",
+        b"id:1.5",
+        b"id: 2",
+        b"id:\xd9\xa3",
+        b":3",
+        b"NK:late:x",
+        b"NK:expired",
+        b"AB:",
+        b"AB:a,b",
+        b"HB:HB:x",
+        b"id:99999999",
+    ],
+)
 def test_malformed_payloads(payload: bytes) -> None:
     with pytest.raises(MalformedMessage):
         wire.decode(payload)
@@ -107,9 +129,9 @@ def route(table: LeaseTable, payload: bytes, now: float) -> bool:
 
 
 VALID = [b"HB:a,b", b"a:1", b"HB:b", b"b:2", b"AB:c", b"HB:zz"]
-JUNK = st.binary(max_size=40).filter(lambda b: not b.startswith((b"HB:", b"AB:", b"NK:"))
-                                     and b":" not in b) | st.sampled_from(
-    [b"HB:", b"HB:a,,b", b"a:0", b"b:x", b"\xffHB:a", b"AB:", b"HB:a,\x00"])
+JUNK = st.binary(max_size=40).filter(
+    lambda b: not b.startswith((b"HB:", b"AB:", b"NK:")) and b":" not in b
+) | st.sampled_from([b"HB:", b"HB:a,,b", b"a:0", b"b:x", b"\xffHB:a", b"AB:", b"HB:a,\x00"])
 
 
 @given(st.lists(JUNK, max_size=12), st.randoms(use_true_random=False))
@@ -120,8 +142,16 @@ def test_malformed_messages_change_no_lease(junk: list[bytes], rnd: object) -> N
             t.grant(rid, now=0.0, consumers=2 if rid == "b" else 1)
         dropped = sum(not route(t, p, now=10.0) for p in payloads)
         s = t.stats
-        return (dropped, {r: t.deadline(r) for r in "abc"}, t.lease_info("b"), s.renewed,
-                s.renew_unknown, s.released_transferred, s.released_aborted, len(t))
+        return (
+            dropped,
+            {r: t.deadline(r) for r in "abc"},
+            t.lease_info("b"),
+            s.renewed,
+            s.renew_unknown,
+            s.released_transferred,
+            s.released_aborted,
+            len(t),
+        )
 
     mixed = VALID + junk
     rnd.shuffle(mixed)  # type: ignore[attr-defined]

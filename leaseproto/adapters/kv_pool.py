@@ -112,9 +112,19 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-_INT_FIELDS = ("num_layers", "num_blocks", "block_size", "num_heads", "head_start",
-               "total_heads", "head_dim", "elem_size", "device_id", "block_stride",
-               "head_stride")
+_INT_FIELDS = (
+    "num_layers",
+    "num_blocks",
+    "block_size",
+    "num_heads",
+    "head_start",
+    "total_heads",
+    "head_dim",
+    "elem_size",
+    "device_id",
+    "block_stride",
+    "head_stride",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,8 +167,7 @@ class PoolLayout:
         if not isinstance(data, Mapping):
             raise LayoutError(f"layout must be a mapping, got {type(data).__name__}")
         if data.get("version") != LAYOUT_VERSION:
-            raise LayoutError(f"layout version {data.get('version')!r} is not "
-                              f"{LAYOUT_VERSION}")
+            raise LayoutError(f"layout version {data.get('version')!r} is not {LAYOUT_VERSION}")
         ints: dict[str, int] = {}
         for name in _INT_FIELDS:
             value = data.get(name)
@@ -175,9 +184,11 @@ class PoolLayout:
             raise LayoutError("layout bases must list one (K, V) pair per layer")
         pairs: list[tuple[int, int]] = []
         for pair in bases:
-            if (not isinstance(pair, (list, tuple)) or len(pair) != 2
-                    or any(not isinstance(a, int) or isinstance(a, bool) or a < 0
-                           for a in pair)):
+            if (
+                not isinstance(pair, (list, tuple))
+                or len(pair) != 2
+                or any(not isinstance(a, int) or isinstance(a, bool) or a < 0 for a in pair)
+            ):
                 raise LayoutError(f"layout base {pair!r} is not a pair of addresses")
             pairs.append((int(pair[0]), int(pair[1])))
         layout = cls(**ints, dtype=data["dtype"], mem_type=data["mem_type"], bases=tuple(pairs))
@@ -185,53 +196,70 @@ class PoolLayout:
         return layout
 
     def _check_geometry(self) -> None:
-        if min(self.num_layers, self.num_blocks, self.block_size, self.num_heads,
-               self.head_dim, self.elem_size) < 1:
+        if (
+            min(
+                self.num_layers,
+                self.num_blocks,
+                self.block_size,
+                self.num_heads,
+                self.head_dim,
+                self.elem_size,
+            )
+            < 1
+        ):
             raise LayoutError("layout sizes must be >= 1")
         if self.head_start + self.num_heads > self.total_heads:
             raise LayoutError(f"heads {self.heads} exceed total_heads {self.total_heads}")
-        if self.head_stride != self.block_size * self.head_dim * self.elem_size \
-                or self.block_stride != self.num_heads * self.head_stride:
+        if (
+            self.head_stride != self.block_size * self.head_dim * self.elem_size
+            or self.block_stride != self.num_heads * self.head_stride
+        ):
             raise LayoutError("layout strides do not match its shape")
 
-    def descs(self, block_ids: Sequence[int], heads: tuple[int, int] | None = None
-              ) -> XferDescs:
+    def descs(self, block_ids: Sequence[int], heads: tuple[int, int] | None = None) -> XferDescs:
         """Descriptors of these blocks, restricted to the global head range
         ``heads`` (default: all heads held)."""
         h0, h1 = self.heads if heads is None else heads
         if not self.head_start <= h0 < h1 <= self.head_start + self.num_heads:
             raise LayoutError(f"head range {(h0, h1)} is not within held heads {self.heads}")
         for block in block_ids:
-            if not isinstance(block, int) or isinstance(block, bool) \
-                    or not 0 <= block < self.num_blocks:
+            if (
+                not isinstance(block, int)
+                or isinstance(block, bool)
+                or not 0 <= block < self.num_blocks
+            ):
                 raise UnknownBlock(f"block {block!r} is not in 0..{self.num_blocks - 1}")
         offset = (h0 - self.head_start) * self.head_stride
         nbytes = (h1 - h0) * self.head_stride
         rows = tuple(
             (base + block * self.block_stride + offset, nbytes, self.device_id)
-            for pair in self.bases for base in pair for block in block_ids
+            for pair in self.bases
+            for base in pair
+            for block in block_ids
         )
         return XferDescs(self.mem_type, rows)
 
     def compatible(self, other: PoolLayout) -> None:
         """``LayoutError`` unless blocks of ``other`` can be copied into ours
         head by head (same model geometry and dtype)."""
-        for name in ("num_layers", "block_size", "total_heads", "head_dim", "dtype",
-                     "elem_size"):
+        for name in ("num_layers", "block_size", "total_heads", "head_dim", "dtype", "elem_size"):
             if getattr(self, name) != getattr(other, name):
-                raise LayoutError(f"layouts differ in {name}: {getattr(self, name)!r} vs "
-                                  f"{getattr(other, name)!r}")
+                raise LayoutError(
+                    f"layouts differ in {name}: {getattr(self, name)!r} vs {getattr(other, name)!r}"
+                )
 
 
-def read_plan(local: PoolLayout, remote: PoolLayout, local_blocks: Sequence[int],
-              remote_blocks: Sequence[int]) -> tuple[XferDescs, XferDescs] | None:
+def read_plan(
+    local: PoolLayout, remote: PoolLayout, local_blocks: Sequence[int], remote_blocks: Sequence[int]
+) -> tuple[XferDescs, XferDescs] | None:
     """Descriptors that READ the heads both pools hold from ``remote_blocks``
     into ``local_blocks`` (same count, i-th into i-th). None when the pools
     share no head (that remote rank holds nothing this side needs)."""
     local.compatible(remote)
     if len(local_blocks) != len(remote_blocks):
-        raise LayoutError(f"{len(local_blocks)} local blocks for {len(remote_blocks)} "
-                          f"remote blocks")
+        raise LayoutError(
+            f"{len(local_blocks)} local blocks for {len(remote_blocks)} remote blocks"
+        )
     h0 = max(local.head_start, remote.head_start)
     h1 = min(local.heads[1], remote.heads[1])
     if h0 >= h1 or not local_blocks:
@@ -242,19 +270,34 @@ def read_plan(local: PoolLayout, remote: PoolLayout, local_blocks: Sequence[int]
 class KVPool:
     """Paged K/V storage with a free list. Not thread-safe (one engine loop)."""
 
-    def __init__(self, *, num_layers: int, num_blocks: int, block_size: int, num_heads: int,
-                 head_dim: int, dtype: torch.dtype = torch.float32,
-                 device: str | torch.device = "auto", head_start: int = 0,
-                 total_heads: int | None = None) -> None:
-        sizes = {"num_layers": num_layers, "num_blocks": num_blocks, "block_size": block_size,
-                 "num_heads": num_heads, "head_dim": head_dim}
+    def __init__(
+        self,
+        *,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        num_heads: int,
+        head_dim: int,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "auto",
+        head_start: int = 0,
+        total_heads: int | None = None,
+    ) -> None:
+        sizes = {
+            "num_layers": num_layers,
+            "num_blocks": num_blocks,
+            "block_size": block_size,
+            "num_heads": num_heads,
+            "head_dim": head_dim,
+        }
         for name, value in sizes.items():
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         total = num_heads if total_heads is None else total_heads
         if head_start < 0 or head_start + num_heads > total:
-            raise ValueError(f"heads [{head_start}, {head_start + num_heads}) do not fit in "
-                             f"total_heads {total}")
+            raise ValueError(
+                f"heads [{head_start}, {head_start + num_heads}) do not fit in total_heads {total}"
+            )
         if not isinstance(dtype, torch.dtype):
             raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")
         self.device = resolve_device(device)
@@ -266,8 +309,16 @@ class KVPool:
         self.head_dim = head_dim
         self.head_start = head_start
         self.total_heads = total
-        self._data = torch.zeros(num_layers, 2, num_blocks, num_heads, block_size, head_dim,
-                                 dtype=dtype, device=self.device)
+        self._data = torch.zeros(
+            num_layers,
+            2,
+            num_blocks,
+            num_heads,
+            block_size,
+            head_dim,
+            dtype=dtype,
+            device=self.device,
+        )
         # a stack: allocate pops from the end, free pushes; block 0 comes first
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))
         self._used: set[int] = set()
@@ -315,8 +366,9 @@ class KVPool:
         if not isinstance(n, int) or isinstance(n, bool) or n < 0:
             raise ValueError(f"block count must be an int >= 0, got {n!r}")
         if n > len(self._free):
-            raise PoolExhausted(f"{n} blocks requested, {len(self._free)} free of "
-                                f"{self.num_blocks}")
+            raise PoolExhausted(
+                f"{n} blocks requested, {len(self._free)} free of {self.num_blocks}"
+            )
         ids = [self._free.pop() for _ in range(n)]
         self._used.update(ids)
         return ids
@@ -335,8 +387,11 @@ class KVPool:
         self._free.extend(reversed(list(block_ids)))
 
     def _check_id(self, block: object) -> None:
-        if not isinstance(block, int) or isinstance(block, bool) \
-                or not 0 <= block < self.num_blocks:
+        if (
+            not isinstance(block, int)
+            or isinstance(block, bool)
+            or not 0 <= block < self.num_blocks
+        ):
             raise UnknownBlock(f"block {block!r} is not in 0..{self.num_blocks - 1}")
 
     # -- layout and descriptors ------------------------------------------------------
@@ -349,8 +404,7 @@ class KVPool:
         """JSON-able description of this pool's memory (see :class:`PoolLayout`)."""
         return self._layout.as_dict()
 
-    def descs(self, block_ids: Sequence[int], heads: tuple[int, int] | None = None
-              ) -> XferDescs:
+    def descs(self, block_ids: Sequence[int], heads: tuple[int, int] | None = None) -> XferDescs:
         """Descriptors of our own blocks; every block must be allocated."""
         for block in block_ids:
             self._check_id(block)
@@ -364,20 +418,31 @@ class KVPool:
         block_stride = self.num_heads * head_stride
         base = self._data.data_ptr()
         per_kv = self.num_blocks * block_stride
-        bases = tuple((base + (2 * layer) * per_kv, base + (2 * layer + 1) * per_kv)
-                      for layer in range(self.num_layers))
+        bases = tuple(
+            (base + (2 * layer) * per_kv, base + (2 * layer + 1) * per_kv)
+            for layer in range(self.num_layers)
+        )
         is_cuda = self.device.type == "cuda"
         return PoolLayout(
-            num_layers=self.num_layers, num_blocks=self.num_blocks,
-            block_size=self.block_size, num_heads=self.num_heads,
-            head_start=self.head_start, total_heads=self.total_heads,
-            head_dim=self.head_dim, dtype=_dtype_name(self.dtype), elem_size=elem,
+            num_layers=self.num_layers,
+            num_blocks=self.num_blocks,
+            block_size=self.block_size,
+            num_heads=self.num_heads,
+            head_start=self.head_start,
+            total_heads=self.total_heads,
+            head_dim=self.head_dim,
+            dtype=_dtype_name(self.dtype),
+            elem_size=elem,
             mem_type="VRAM" if is_cuda else "DRAM",
             device_id=self._data.get_device() if is_cuda else 0,
-            block_stride=block_stride, head_stride=head_stride, bases=bases,
+            block_stride=block_stride,
+            head_stride=head_stride,
+            bases=bases,
         )
 
     def __repr__(self) -> str:
-        return (f"KVPool(layers={self.num_layers}, blocks={self.num_blocks}x{self.block_size}, "
-                f"heads={self.heads} of {self.total_heads}, head_dim={self.head_dim}, "
-                f"dtype={_dtype_name(self.dtype)}, device={self.device}, used={self.num_used})")
+        return (
+            f"KVPool(layers={self.num_layers}, blocks={self.num_blocks}x{self.block_size}, "
+            f"heads={self.heads} of {self.total_heads}, head_dim={self.head_dim}, "
+            f"dtype={_dtype_name(self.dtype)}, device={self.device}, used={self.num_used})"
+        )

@@ -27,44 +27,9 @@ Interface (stable; the workers are built on it)::
       .release(xfer) -> None
       .close() -> None
 
-How NIXL behaves here (nixl-cu12 1.5.1, checked on this machine, CPU only):
-
-* Metadata exchange is one-way: ``fetch_remote_metadata`` loads the *peer's*
-  metadata into us and returns at once (the answer arrives on the listener
-  thread; ``check_remote_metadata`` turns true about 0.1 s later on loopback).
-  :meth:`~NixlEndpoint.connect` therefore also pushes our metadata to the peer
-  (``send_local_metadata``), so the peer can notify us back (P's nacks to D)
-  without connecting itself. Both agents need a listener, which every endpoint
-  has.
-* A fetch from an address where nobody listens fails silently (NIXL only logs
-  it) and is never retried by NIXL. The endpoint re-issues it after
-  ``connect_retry`` seconds, doubling the wait up to 2 s, until
-  ``connect_timeout``; then the peer is lost with reason ``"connect timeout"``.
-  So a D started before its P still connects. Duplicate fetches are harmless.
-* The metadata a peer holds is a snapshot, and the listener is up before the
-  constructor returns, so a peer may fetch it before :meth:`register`. A READ
-  whose remote memory the loaded metadata does not cover
-  (``check_remote_metadata(peer, descs)`` is false) re-fetches it and stays
-  ``"PROC"`` until it does (then it is posted) or ``connect_timeout`` passes
-  (then ``"ERR"``, e.g. a layout naming memory the peer never registered).
-  Registering later also re-pushes our metadata to peers we connected to.
-* A ``port`` already in use: the constructor raises ``RuntimeError`` ("Failed
-  to bind metadata listener socket").
-* ``send_notif`` to a peer whose process died raises
-  ``nixlRemoteDisconnectError`` (at once, on loopback); to a peer we have no
-  metadata for it raises ``nixlNotFoundError``. ``check_remote_metadata`` stays
-  true for a dead peer, so the endpoint keeps its own ``lost`` state; a peer
-  is marked lost only on a disconnect (or a connect timeout), never on other
-  errors. :meth:`~NixlEndpoint.connect` again clears it (e.g. a restarted peer).
-* A READ posted to a dead peer raises from ``transfer`` (``postXferReq``); the
-  endpoint returns a :class:`Transfer` already in state ``"ERR"``.
-* The notification attached to a READ (``notif_msg``) is delivered to the
-  *target* (the peer whose memory was read) once the data has moved; the
-  initiator sees ``"DONE"`` from :meth:`~NixlEndpoint.transfer_state`.
-* Messages of 1 MiB arrive intact over UCX on loopback.
-* NIXL's C++ logging (connection refused while a peer starts, disconnects)
-  goes to stderr; ``NIXL_LOG_LEVEL=WARN|ERROR|FATAL`` in the environment
-  quiets it (read when NIXL loads).
+How NIXL behaves on this path (metadata exchange, silent failed fetches, stale
+metadata, disconnects, busy ports, logging) is written down in
+:mod:`leaseproto.adapters.nixl_runtime`, beside the helpers that load it.
 
 Not thread-safe: call it from the engine loop only (NIXL's own listener and
 progress threads are internal to the agent).
@@ -72,14 +37,23 @@ progress threads are internal to the agent).
 
 from __future__ import annotations
 
-import importlib
-import socket
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from types import ModuleType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
+from .nixl_runtime import (
+    INSTALL_HINT,
+    MAX_RETRY_DELAY,
+    ConnState,
+    EndpointClosed,
+    EndpointStats,
+    check_port,
+    describe,
+    free_port,
+    is_disconnect,
+    load_nixl,
+)
 from .xfer import Transfer, XferDescs, XferState, check_pair
 
 if TYPE_CHECKING:
@@ -98,64 +72,6 @@ __all__ = [
     "load_nixl",
 ]
 
-INSTALL_HINT = "pip install leaseproto[nixl]"
-ConnState = Literal["unknown", "connecting", "connected", "failed", "lost"]
-#: Longest wait between two metadata fetches while connecting (the first wait
-#: is ``connect_retry``; each retry doubles it).
-_MAX_RETRY_DELAY = 2.0
-
-
-def load_nixl() -> ModuleType:
-    """Import the NIXL Python API: ``nixl`` (the meta-package, which picks a
-    CUDA variant from torch and refuses a CPU torch) or else ``nixl_cu12``.
-    Raises ``ImportError`` naming ``pip install leaseproto[nixl]`` when neither
-    imports."""
-    problems: list[str] = []
-    for name in ("nixl", "nixl_cu12"):
-        try:
-            module = importlib.import_module(name)
-        except ImportError as exc:
-            problems.append(f"{name}: {exc}")
-            continue
-        if hasattr(module, "nixl_agent") and hasattr(module, "nixl_agent_config"):
-            return module
-        problems.append(f"{name}: has no nixl_agent")
-    raise ImportError(
-        f"NIXL is not importable ({'; '.join(problems)}); install it with `{INSTALL_HINT}`"
-    )
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (bind to port 0, read it, close).
-    Another process may still take it before you bind; good enough for tests
-    and the local demo."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
-class EndpointClosed(RuntimeError):
-    """The endpoint was used after :meth:`NixlEndpoint.close`."""
-
-
-@dataclass(slots=True)
-class EndpointStats:
-    """Counters since the endpoint was made (read them; do not write)."""
-
-    sent: int = 0
-    send_failed: int = 0
-    received: int = 0
-    poll_failed: int = 0
-    connects: int = 0
-    connect_retries: int = 0
-    peers_lost: int = 0
-    reads_started: int = 0
-    reads_done: int = 0
-    reads_failed: int = 0
-    release_failed: int = 0
-    #: the last transport error, in words (for logs)
-    last_error: str = ""
-
 
 @dataclass(slots=True)
 class _Peer:
@@ -168,28 +84,28 @@ class _Peer:
     reason: str = ""
 
 
-def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
-
-
-def _is_disconnect(exc: BaseException) -> bool:
-    return type(exc).__name__ == "nixlRemoteDisconnectError"
-
-
 class NixlEndpoint:
     """A NIXL agent named ``name`` with its metadata listener on ``host:port``
     (``host`` is where peers reach us; the listener binds every interface)."""
 
-    def __init__(self, name: str, *, host: str = "127.0.0.1", port: int,
-                 connect_timeout: float = 10.0, connect_retry: float = 0.25) -> None:
+    def __init__(
+        self,
+        name: str,
+        *,
+        host: str = "127.0.0.1",
+        port: int,
+        connect_timeout: float = 10.0,
+        connect_retry: float = 0.25,
+    ) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError("endpoint name must be a non-empty str")
-        _check_port(port)
+        check_port(port)
         if connect_timeout <= 0 or connect_retry <= 0:
             raise ValueError("connect_timeout and connect_retry must be > 0")
         nixl = load_nixl()
-        config = nixl.nixl_agent_config(enable_listen_thread=True, listen_port=port,
-                                        backends=["UCX"])
+        config = nixl.nixl_agent_config(
+            enable_listen_thread=True, listen_port=port, backends=["UCX"]
+        )
         agent = nixl.nixl_agent(name, config)
         if "UCX" not in agent.backends:
             raise RuntimeError("NIXL has no UCX backend: the transport cannot start")
@@ -228,10 +144,13 @@ class NixlEndpoint:
         agent = self._live()
         if not isinstance(peer, str) or not peer or peer == self.name:
             raise ValueError(f"bad peer name {peer!r}")
-        _check_port(port)
+        check_port(port)
         rec = self._peers.get(peer)
-        if rec is not None and rec.state in ("connecting", "connected") \
-                and (rec.host, rec.port) == (host, port):
+        if (
+            rec is not None
+            and rec.state in ("connecting", "connected")
+            and (rec.host, rec.port) == (host, port)
+        ):
             return
         if rec is not None and agent.check_remote_metadata(peer):
             # lost, failed or moved: drop what we hold (and its UCX endpoints).
@@ -240,10 +159,16 @@ class NixlEndpoint:
             try:
                 agent.remove_remote_agent(peer)
             except Exception as exc:
-                self.stats.last_error = _describe(exc)
+                self.stats.last_error = describe(exc)
         now = time.monotonic()
-        rec = _Peer(host=host, port=port, state="connecting", started=now, last_try=now,
-                    delay=self.connect_retry)
+        rec = _Peer(
+            host=host,
+            port=port,
+            state="connecting",
+            started=now,
+            last_try=now,
+            delay=self.connect_retry,
+        )
         self._peers[peer] = rec
         self.stats.connects += 1
         self._fetch(peer, rec)
@@ -306,7 +231,7 @@ class NixlEndpoint:
             notifs = agent.get_new_notifs()
         except Exception as exc:
             self.stats.poll_failed += 1
-            self.stats.last_error = _describe(exc)
+            self.stats.last_error = describe(exc)
             return []
         out = [(str(peer), bytes(msg)) for peer, msgs in notifs.items() for msg in msgs]
         self.stats.received += len(out)
@@ -314,8 +239,7 @@ class NixlEndpoint:
 
     # -- transfers ------------------------------------------------------------
 
-    def read(self, peer: str, local: XferDescs, remote: XferDescs, *,
-             notif_msg: bytes) -> Transfer:
+    def read(self, peer: str, local: XferDescs, remote: XferDescs, *, notif_msg: bytes) -> Transfer:
         """READ ``remote`` (memory ``peer`` registered) into ``local`` (ours),
         row by row; NIXL delivers ``notif_msg`` to ``peer`` once the data has
         moved. Never raises a transport error: a failure to start gives a
@@ -330,8 +254,9 @@ class NixlEndpoint:
             self._progress(peer, rec, time.monotonic())
         if rec is not None and rec.state != "connected":
             self.stats.reads_failed += 1
-            return Transfer(peer, msg, local.nbytes, handle=None, state="ERR",
-                            error=f"peer is {rec.state}")
+            return Transfer(
+                peer, msg, local.nbytes, handle=None, state="ERR", error=f"peer is {rec.state}"
+            )
         xfer = Transfer(peer, msg, local.nbytes, handle=None, state="PROC")
         xfer._started = time.monotonic()
         self.stats.reads_started += 1
@@ -387,7 +312,7 @@ class NixlEndpoint:
             try:
                 agent.deregister_memory(reg)
             except Exception as exc:
-                self.stats.last_error = _describe(exc)
+                self.stats.last_error = describe(exc)
         self._registered.clear()
         self._agent = None
 
@@ -402,14 +327,14 @@ class NixlEndpoint:
         try:
             self._agent.fetch_remote_metadata(peer, rec.host, rec.port)
         except Exception as exc:
-            self.stats.last_error = _describe(exc)
+            self.stats.last_error = describe(exc)
         self._push_metadata(peer, rec)
 
     def _push_metadata(self, peer: str, rec: _Peer) -> None:
         try:
             self._agent.send_local_metadata(rec.host, rec.port)
         except Exception as exc:
-            self.stats.last_error = f"pushing metadata to {peer}: {_describe(exc)}"
+            self.stats.last_error = f"pushing metadata to {peer}: {describe(exc)}"
 
     def _progress(self, peer: str, rec: _Peer, now: float) -> None:
         if rec.state != "connecting":
@@ -417,12 +342,15 @@ class NixlEndpoint:
         if self._agent.check_remote_metadata(peer):
             rec.state = "connected"
         elif now - rec.started >= self.connect_timeout:
-            self._mark_lost(peer, rec, "failed",
-                            f"connect timeout after {self.connect_timeout:g} s "
-                            f"({rec.host}:{rec.port})")
+            self._mark_lost(
+                peer,
+                rec,
+                "failed",
+                f"connect timeout after {self.connect_timeout:g} s ({rec.host}:{rec.port})",
+            )
         elif now - rec.last_try >= rec.delay:
             rec.last_try = now
-            rec.delay = min(2.0 * rec.delay, _MAX_RETRY_DELAY)
+            rec.delay = min(2.0 * rec.delay, MAX_RETRY_DELAY)
             self.stats.connect_retries += 1
             self._fetch(peer, rec)
 
@@ -432,12 +360,18 @@ class NixlEndpoint:
             self._progress(peer, rec, now)
 
     def _failed(self, peer: str, exc: BaseException) -> None:
-        self.stats.last_error = f"{peer}: {_describe(exc)}"
-        if _is_disconnect(exc):
+        self.stats.last_error = f"{peer}: {describe(exc)}"
+        if is_disconnect(exc):
             rec = self._peers.get(peer)
             if rec is None:
-                rec = _Peer(host="", port=0, state="connected", started=0.0, last_try=0.0,
-                            delay=self.connect_retry)
+                rec = _Peer(
+                    host="",
+                    port=0,
+                    state="connected",
+                    started=0.0,
+                    last_try=0.0,
+                    delay=self.connect_retry,
+                )
                 self._peers[peer] = rec
             if rec.state not in ("lost", "failed"):
                 self._mark_lost(peer, rec, "lost", "disconnected")
@@ -453,8 +387,9 @@ class NixlEndpoint:
         ldescs, rdescs = xfer._pending
         xfer._pending = None
         try:
-            xfer._handle = self._agent.initialize_xfer("READ", ldescs, rdescs, xfer.peer,
-                                                       xfer.notif_msg)
+            xfer._handle = self._agent.initialize_xfer(
+                "READ", ldescs, rdescs, xfer.peer, xfer.notif_msg
+            )
             state: XferState = self._agent.transfer(xfer._handle)
         except Exception as exc:
             self._fail_xfer(xfer, exc)
@@ -471,8 +406,12 @@ class NixlEndpoint:
             self._post(xfer)
         elif time.monotonic() - xfer._started >= self.connect_timeout:
             xfer._pending = None
-            self._settle(xfer, "ERR", f"{peer} has not registered the memory to read "
-                         f"(no metadata covers it after {self.connect_timeout:g} s)")
+            self._settle(
+                xfer,
+                "ERR",
+                f"{peer} has not registered the memory to read "
+                f"(no metadata covers it after {self.connect_timeout:g} s)",
+            )
         else:
             self._refetch(peer)
 
@@ -499,7 +438,7 @@ class NixlEndpoint:
 
     def _fail_xfer(self, xfer: Transfer, exc: BaseException) -> None:
         self._failed(xfer.peer, exc)
-        xfer.error = _describe(exc)
+        xfer.error = describe(exc)
         self._settle(xfer, "ERR", xfer.error)
 
     def _release_handle(self, handle: Any) -> None:
@@ -507,9 +446,4 @@ class NixlEndpoint:
             handle.release()
         except Exception as exc:
             self.stats.release_failed += 1
-            self.stats.last_error = f"releasing a transfer: {_describe(exc)}"
-
-
-def _check_port(port: object) -> None:
-    if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
-        raise ValueError(f"port must be an int in 1..65535, got {port!r}")
+            self.stats.last_error = f"releasing a transfer: {describe(exc)}"

@@ -51,11 +51,27 @@ class Transfer:
     :meth:`NixlEndpoint.transfer_state`; hand it to :meth:`NixlEndpoint.release`
     when done (or abandoned)."""
 
-    __slots__ = ("_handle", "_pending", "_started", "_state", "error", "nbytes", "notif_msg",
-                 "peer")
+    __slots__ = (
+        "_handle",
+        "_pending",
+        "_started",
+        "_state",
+        "error",
+        "nbytes",
+        "notif_msg",
+        "peer",
+    )
 
-    def __init__(self, peer: str, notif_msg: bytes, nbytes: int, *, handle: Any,
-                 state: XferState, error: str = "") -> None:
+    def __init__(
+        self,
+        peer: str,
+        notif_msg: bytes,
+        nbytes: int,
+        *,
+        handle: Any,
+        state: XferState,
+        error: str = "",
+    ) -> None:
         self.peer = peer
         self.notif_msg = notif_msg
         self.nbytes = nbytes
@@ -81,11 +97,14 @@ def check_pair(local: XferDescs, remote: XferDescs) -> None:
     """Raise ``ValueError`` unless ``local`` and ``remote`` are non-empty and
     pair up row by row (same count, same byte length per row)."""
     if not local.descs:
-        raise ValueError("a READ needs at least one descriptor (send a plain notification "
-                         "when there is nothing to read)")
+        raise ValueError(
+            "a READ needs at least one descriptor (send a plain notification "
+            "when there is nothing to read)"
+        )
     if len(local) != len(remote):
-        raise ValueError(f"descriptor lists differ in length: {len(local)} local, "
-                         f"{len(remote)} remote")
+        raise ValueError(
+            f"descriptor lists differ in length: {len(local)} local, {len(remote)} remote"
+        )
     for i, (lrow, rrow) in enumerate(zip(local.descs, remote.descs, strict=True)):
         if lrow[1] != rrow[1]:
             raise ValueError(f"descriptor {i}: local {lrow[1]} bytes, remote {rrow[1]} bytes")

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
+
+from .. import __version__
 
 __all__ = ["build_parser", "main"]
 
@@ -33,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="leaseproto",
         description="KV-cache lease protocol for disaggregated prefill/decode serving.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in _COMMANDS:
@@ -44,7 +48,15 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    status: int = args.func(args)
+    try:
+        status: int = args.func(args)
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader went away (`leaseproto replay d-crash | head`)
+        # what is still buffered can never be written; point stdout at devnull so that
+        # the interpreter's own flush at exit does not raise again
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
     return status
 
 

@@ -30,14 +30,18 @@ LEASE_KEYS = tuple(_HELP)
 INT_KEYS = frozenset({"max_notification_bytes", "tombstone_capacity", "staging_capacity"})
 
 
-def add_lease_flags(p: Any, keys: tuple[str, ...] = LEASE_KEYS, *,
-                    note: str = "") -> None:
+def add_lease_flags(p: Any, keys: tuple[str, ...] = LEASE_KEYS, *, note: str = "") -> None:
     """Add ``--<key>`` for each key to ``p`` (a parser or an argument group)."""
     for key in keys:
         is_int = key in INT_KEYS
-        p.add_argument("--" + key.replace("_", "-"), dest=key, default=None,
-                       type=int if is_int else float, metavar="N" if is_int else "SECONDS",
-                       help=_HELP[key] + note)
+        p.add_argument(
+            "--" + key.replace("_", "-"),
+            dest=key,
+            default=None,
+            type=int if is_int else float,
+            metavar="N" if is_int else "SECONDS",
+            help=_HELP[key] + note,
+        )
 
 
 def lease_kwargs(args: argparse.Namespace, keys: tuple[str, ...] = LEASE_KEYS) -> dict[str, Any]:

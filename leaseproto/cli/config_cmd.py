@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from .._config import LeaseConfig
+from ..core.config import LeaseConfig
 from ._lease_flags import add_lease_flags, lease_kwargs
 
 __all__ = ["register"]
@@ -18,12 +18,16 @@ def register(sub: Any) -> None:
         "config",
         help="print the effective configuration and the bounds it implies",
         description="Validate lease settings and print every effective value, derived ones "
-                    "included, with the timing bounds they imply. Unsafe values are rejected "
-                    "with the rule they break (exit status 2).",
+        "included, with the timing bounds they imply. Unsafe values are rejected "
+        "with the rule they break (exit status 2).",
     )
     add_lease_flags(p)
-    p.add_argument("--extra-config", metavar="JSON", default=None,
-                   help="a vLLM kv_connector_extra_config JSON object (flags override it)")
+    p.add_argument(
+        "--extra-config",
+        metavar="JSON",
+        default=None,
+        help="a vLLM kv_connector_extra_config JSON object (flags override it)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=run)
 
@@ -77,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
         "tolerated_missed_heartbeats": "consecutive heartbeats that may be lost",
         "reclaim_after_silence_max": "s after P's last received heartbeat, plus one step",
         "reclaim_if_never_renewed": "s after the grant",
-        "max_hold": "s after the grant, whatever D does" if cfg.max_lease_lifetime
+        "max_hold": "s after the grant, whatever D does"
+        if cfg.max_lease_lifetime
         else "no cap: a heartbeating D holds blocks indefinitely",
     }
     for key, value in derived.items():

@@ -14,28 +14,49 @@ __all__ = ["register"]
 
 def register(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
-        "demo", help="run P, D and a router on loopback: surge, D crash, fixed-timeout surge",
+        "demo",
+        help="run P, D and a router on loopback: surge, D crash, fixed-timeout surge",
         description="Start a router, a prefill worker and a decode worker on this machine "
-                    "(KV blocks in torch, moved by NIXL READs) on a compressed timescale and "
-                    "run three phases: a surge under the lease protocol, a SIGKILL of the "
-                    "decode worker, and the same surge under a fixed timeout. Prints a table "
-                    "of what it measured; takes about a minute.")
+        "(KV blocks in torch, moved by NIXL READs) on a compressed timescale and "
+        "run three phases: a surge under the lease protocol, a SIGKILL of the "
+        "decode worker, and the same surge under a fixed timeout. Prints a table "
+        "of what it measured; takes about a minute.",
+    )
     p.add_argument("--device", default="cpu", help="torch device for KV blocks (cpu, cuda)")
-    p.add_argument("--kv-lease-duration", type=float, default=3.0, metavar="SECONDS",
-                   help="initial lease (default 3 s: a compressed timescale)")
-    p.add_argument("--max-running", type=int, default=2,
-                   help="requests D decodes at once (default 2)")
-    p.add_argument("--first-wave", type=int, default=16,
-                   help="requests in the first wave of a surge (default 16)")
+    p.add_argument(
+        "--kv-lease-duration",
+        type=float,
+        default=3.0,
+        metavar="SECONDS",
+        help="initial lease (default 3 s: a compressed timescale)",
+    )
+    p.add_argument(
+        "--max-running", type=int, default=2, help="requests D decodes at once (default 2)"
+    )
+    p.add_argument(
+        "--first-wave",
+        type=int,
+        default=16,
+        help="requests in the first wave of a surge (default 16)",
+    )
     p.add_argument("--waves", type=int, default=5, help="later waves, one a second (default 5)")
     p.add_argument("--wave", type=int, default=4, help="requests per later wave (default 4)")
     p.add_argument("--max-tokens", type=int, default=12, help="tokens to decode per request")
-    p.add_argument("--step-time", type=float, default=0.08, metavar="SECONDS",
-                   help="modelled forward-pass time of one decode step (default 0.08)")
-    p.add_argument("--json", metavar="FILE", default=None,
-                   help="also write the figures of every phase as JSON")
-    p.add_argument("--log-dir", default=None,
-                   help="keep the workers' logs here (default: a temporary directory)")
+    p.add_argument(
+        "--step-time",
+        type=float,
+        default=0.08,
+        metavar="SECONDS",
+        help="modelled forward-pass time of one decode step (default 0.08)",
+    )
+    p.add_argument(
+        "--json", metavar="FILE", default=None, help="also write the figures of every phase as JSON"
+    )
+    p.add_argument(
+        "--log-dir",
+        default=None,
+        help="keep the workers' logs here (default: a temporary directory)",
+    )
     p.set_defaults(func=run)
 
 
@@ -43,21 +64,33 @@ def run(args: argparse.Namespace) -> int:
     try:
         from ..workers.demo import DemoSettings, run_demo  # noqa: PLC0415
     except ImportError as exc:
-        print(f"leaseproto demo needs torch, NIXL and pyzmq: {exc}\n"
-              "install them with: pip install torch==2.13.0 && pip install 'leaseproto[all]'",
-              file=sys.stderr)
+        print(
+            f"leaseproto demo needs torch, NIXL and pyzmq: {exc}\n"
+            "install them with: pip install torch==2.13.0 && pip install 'leaseproto[all]'",
+            file=sys.stderr,
+        )
         return 2
-    settings = DemoSettings(device=args.device, kv_lease_duration=args.kv_lease_duration,
-                            max_running=args.max_running, first_wave=args.first_wave,
-                            waves=args.waves, wave=args.wave, max_tokens=args.max_tokens,
-                            d_step_time=args.step_time, log_dir=args.log_dir)
+    settings = DemoSettings(
+        device=args.device,
+        kv_lease_duration=args.kv_lease_duration,
+        max_running=args.max_running,
+        first_wave=args.first_wave,
+        waves=args.waves,
+        wave=args.wave,
+        max_tokens=args.max_tokens,
+        d_step_time=args.step_time,
+        log_dir=args.log_dir,
+    )
     try:
         results = run_demo(settings, json_path=args.json)
     except (RuntimeError, TimeoutError) as exc:
         print(f"leaseproto demo failed: {exc}", file=sys.stderr)
         return 1
-    ok = (results[0].identical == results[0].requests and results[0].leases_expired == 0
-          and results[1].reclaim_s is not None
-          and results[1].reclaim_bound_s is not None
-          and results[1].blocks_leaked == 0)
+    ok = (
+        results[0].identical == results[0].requests
+        and results[0].leases_expired == 0
+        and results[1].reclaim_s is not None
+        and results[1].reclaim_bound_s is not None
+        and results[1].blocks_leaked == 0
+    )
     return 0 if ok else 1

@@ -7,7 +7,7 @@ import argparse
 import sys
 from typing import Any
 
-from .. import _diagram
+from ..scenarios import diagram as _diagram
 
 __all__ = ["register"]
 
@@ -16,15 +16,21 @@ def register(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "spec-diagrams",
         help="print the spec's state diagrams, generated from the code's tables",
-        description="Print P's lease state machine (from leaseproto._state.TRANSITIONS) and "
-                    "D's tracking machines, or check/rewrite the generated blocks of spec files.",
+        description="Print P's lease state machine (from leaseproto.core.state.TRANSITIONS) and "
+        "D's tracking machines, or check/rewrite the generated blocks of spec files.",
     )
-    p.add_argument("--mermaid", action="store_true",
-                   help="print P's machine as a Mermaid stateDiagram instead")
-    p.add_argument("--check", metavar="FILE", nargs="+",
-                   help="exit 1 if a generated block in FILE is out of date")
-    p.add_argument("--write", metavar="FILE", nargs="+",
-                   help="rewrite the generated blocks in FILE in place")
+    p.add_argument(
+        "--mermaid", action="store_true", help="print P's machine as a Mermaid stateDiagram instead"
+    )
+    p.add_argument(
+        "--check",
+        metavar="FILE",
+        nargs="+",
+        help="exit 1 if a generated block in FILE is out of date",
+    )
+    p.add_argument(
+        "--write", metavar="FILE", nargs="+", help="rewrite the generated blocks in FILE in place"
+    )
     p.set_defaults(func=run)
 
 
@@ -34,8 +40,11 @@ def run(args: argparse.Namespace) -> int:
         with open(path, encoding="utf-8") as fh:
             stale = _diagram.stale_blocks(fh.read())
         for name in stale:
-            print(f"{path}: generated block {name!r} is out of date "
-                  f"(run: leaseproto spec-diagrams --write {path})", file=sys.stderr)
+            print(
+                f"{path}: generated block {name!r} is out of date "
+                f"(run: leaseproto spec-diagrams --write {path})",
+                file=sys.stderr,
+            )
         status = 1 if stale else status
     for path in args.write or ():
         with open(path, encoding="utf-8") as fh:
@@ -50,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     if args.mermaid:
         print(_diagram.lease_mermaid(), end="")
         return 0
-    print("P: per-request lease (from leaseproto._state.TRANSITIONS)\n")
+    print("P: per-request lease (from leaseproto.core.state.TRANSITIONS)\n")
     print(_diagram.lease_ascii())
     print(_diagram.lease_table_markdown())
     print("D: per-request tracking and per-engine heartbeat schedule\n")

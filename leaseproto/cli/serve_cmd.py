@@ -21,70 +21,130 @@ from ._lease_flags import add_lease_flags, lease_kwargs
 
 __all__ = ["register"]
 
-_LEASE_FLAGS = ("kv_lease_duration", "heartbeat_interval", "lease_extension",
-                "max_lease_lifetime", "max_notification_bytes")
+_LEASE_FLAGS = (
+    "kv_lease_duration",
+    "heartbeat_interval",
+    "lease_extension",
+    "max_lease_lifetime",
+    "max_notification_bytes",
+)
 
 
 def _lease_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("lease settings (must match on P and D)")
     add_lease_flags(g, _LEASE_FLAGS)
-    g.add_argument("--policy", choices=("lease", "fixed"), default="lease",
-                   help="lease: heartbeats renew, late reads are NACKed; fixed: a fixed "
-                        "timeout of kv_lease_duration, no renewals, no NACK (a naive "
-                        "deployment, for comparison)")
+    g.add_argument(
+        "--policy",
+        choices=("lease", "fixed"),
+        default="lease",
+        help="lease: heartbeats renew, late reads are NACKed; fixed: a fixed "
+        "timeout of kv_lease_duration, no renewals, no NACK (a naive "
+        "deployment, for comparison)",
+    )
 
 
 def _common(p: argparse.ArgumentParser, *, nixl: bool = True) -> None:
-    p.add_argument("--host", default="127.0.0.1",
-                   help="address to bind and advertise (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=0,
-                   help="request-plane port (ZeroMQ); 0 picks a free one")
-    p.add_argument("--metrics-port", type=int, default=0,
-                   help="Prometheus /metrics port; 0 picks a free one, -1 disables")
+    p.add_argument(
+        "--host", default="127.0.0.1", help="address to bind and advertise (default 127.0.0.1)"
+    )
+    p.add_argument(
+        "--port", type=int, default=0, help="request-plane port (ZeroMQ); 0 picks a free one"
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        help="Prometheus /metrics port; 0 picks a free one, -1 disables",
+    )
     if nixl:
-        p.add_argument("--nixl-port", type=int, default=0,
-                       help="NIXL metadata listener port; 0 picks a free one")
+        p.add_argument(
+            "--nixl-port",
+            type=int,
+            default=0,
+            help="NIXL metadata listener port; 0 picks a free one",
+        )
         p.add_argument("--device", default="cpu", help="torch device for KV blocks")
         p.add_argument("--num-blocks", type=int, default=256, help="KV blocks in the pool")
         p.add_argument("--block-size", type=int, default=4, help="tokens per KV block")
         p.add_argument("--rank", type=int, default=0, help="this process's TP rank")
         p.add_argument("--tp", type=int, default=1, help="ranks of this engine")
-        p.add_argument("--model-seed", type=int, default=0,
-                       help="seed of the tiny model's weights (same on P and D)")
+        p.add_argument(
+            "--model-seed",
+            type=int,
+            default=0,
+            help="seed of the tiny model's weights (same on P and D)",
+        )
         _lease_flags(p)
-    p.add_argument("--ready-file", default=None, metavar="PATH",
-                   help="write the bound ports here as JSON once serving")
+    p.add_argument(
+        "--ready-file",
+        default=None,
+        metavar="PATH",
+        help="write the bound ports here as JSON once serving",
+    )
     p.add_argument("--log-level", default="INFO")
-    p.add_argument("--exit-with-parent", action="store_true",
-                   help="stop when the process that started this one exits (for launchers)")
+    p.add_argument(
+        "--exit-with-parent",
+        action="store_true",
+        help="stop when the process that started this one exits (for launchers)",
+    )
 
 
 def register(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
-        "serve", help="run one worker: prefill, decode or router",
-        description="Run one worker process with a single-threaded engine loop.")
+        "serve",
+        help="run one worker: prefill, decode or router",
+        description="Run one worker process with a single-threaded engine loop.",
+    )
     roles = p.add_subparsers(dest="role", metavar="ROLE")
     roles.required = True
     pre = roles.add_parser("prefill", help="a prefill rank: prefill, grant leases, serve KV")
     _common(pre)
-    pre.add_argument("--engine-id", default="prefill-engine",
-                     help="id shared by every rank of this prefill engine")
+    pre.add_argument(
+        "--engine-id",
+        default="prefill-engine",
+        help="id shared by every rank of this prefill engine",
+    )
     dec = roles.add_parser("decode", help="a decode rank: queue, heartbeat, read KV, decode")
     _common(dec)
-    dec.add_argument("--max-running", type=int, default=4,
-                     help="most requests decoding at once; the rest wait in the queue")
-    dec.add_argument("--step-time", type=float, default=0.0, metavar="SECONDS",
-                     help="extra time per decode step (models a busy accelerator)")
-    dec.add_argument("--on-kv-loss", choices=("recompute", "error"), default="recompute",
-                     help="when P's KV is lost (P gone, NACK): recompute locally or fail")
-    dec.add_argument("--follower", action="append", default=[], metavar="ADDRESS",
-                     help="request-plane address of decode rank 1, 2, ... (rank 0 only)")
+    dec.add_argument(
+        "--max-running",
+        type=int,
+        default=4,
+        help="most requests decoding at once; the rest wait in the queue",
+    )
+    dec.add_argument(
+        "--step-time",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="extra time per decode step (models a busy accelerator)",
+    )
+    dec.add_argument(
+        "--on-kv-loss",
+        choices=("recompute", "error"),
+        default="recompute",
+        help="when P's KV is lost (P gone, NACK): recompute locally or fail",
+    )
+    dec.add_argument(
+        "--follower",
+        action="append",
+        default=[],
+        metavar="ADDRESS",
+        help="request-plane address of decode rank 1, 2, ... (rank 0 only)",
+    )
     rt = roles.add_parser("router", help="the router: P first, then D")
     _common(rt, nixl=False)
-    rt.add_argument("--prefill", action="append", default=[], required=True,
-                    metavar="ADDRESS", help="a prefill rank's address, in rank order")
-    rt.add_argument("--decode", required=True, metavar="ADDRESS",
-                    help="the decode engine's rank-0 address")
+    rt.add_argument(
+        "--prefill",
+        action="append",
+        default=[],
+        required=True,
+        metavar="ADDRESS",
+        help="a prefill rank's address, in rank order",
+    )
+    rt.add_argument(
+        "--decode", required=True, metavar="ADDRESS", help="the decode engine's rank-0 address"
+    )
     rt.add_argument("--request-timeout", type=float, default=120.0, metavar="SECONDS")
     p.set_defaults(func=run)
 
@@ -98,35 +158,56 @@ def _write_ready(path: str | None, info: dict[str, Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
     metrics_port = None if args.metrics_port < 0 else args.metrics_port
     worker: Any
     try:
         if args.role == "router":
             from ..workers.router import Router, RouterOptions  # noqa: PLC0415
-            worker = Router(RouterOptions(host=args.host, port=args.port,
-                                          prefill=args.prefill, decode=args.decode,
-                                          metrics_port=metrics_port,
-                                          request_timeout=args.request_timeout))
+
+            worker = Router(
+                RouterOptions(
+                    host=args.host,
+                    port=args.port,
+                    prefill=args.prefill,
+                    decode=args.decode,
+                    metrics_port=metrics_port,
+                    request_timeout=args.request_timeout,
+                )
+            )
         else:
-            from .._config import LeaseConfig  # noqa: PLC0415
+            from ..core.config import LeaseConfig  # noqa: PLC0415
+
             config = LeaseConfig(**lease_kwargs(args, _LEASE_FLAGS))
             if args.role == "prefill":
                 from ..workers.prefill import PrefillOptions, PrefillWorker  # noqa: PLC0415
-                worker = PrefillWorker(PrefillOptions.from_args(
-                    args, config, metrics_port, engine_id=args.engine_id))
+
+                worker = PrefillWorker(
+                    PrefillOptions.from_args(args, config, metrics_port, engine_id=args.engine_id)
+                )
             else:
                 from ..workers.decode_state import DecodeOptions  # noqa: PLC0415
+
                 opts = DecodeOptions.from_args(
-                    args, config, metrics_port, max_running=args.max_running,
-                    step_time=args.step_time, on_kv_loss=args.on_kv_loss,
-                    followers=list(args.follower))
+                    args,
+                    config,
+                    metrics_port,
+                    max_running=args.max_running,
+                    step_time=args.step_time,
+                    on_kv_loss=args.on_kv_loss,
+                    followers=list(args.follower),
+                )
                 if opts.rank == 0:
                     from ..workers.decode import DecodeWorker  # noqa: PLC0415
+
                     worker = DecodeWorker(opts)
                 else:
                     from ..workers.decode_follower import DecodeFollower  # noqa: PLC0415
+
                     worker = DecodeFollower(opts)
     except (ValueError, ImportError, OSError) as exc:
         print(f"leaseproto serve {args.role}: {exc}", file=sys.stderr)

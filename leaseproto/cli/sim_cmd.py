@@ -24,8 +24,12 @@ _SCENARIO_FLAGS: tuple[tuple[str, type, str], ...] = (
     ("delay_jitter", float, "notification delay jitter, s"),
     ("stall_rate", float, "D forward-pass stalls per engine-second"),
 )
-_LEASE_FLAGS = ("kv_lease_duration", "heartbeat_interval", "lease_extension",
-                "max_notification_bytes")
+_LEASE_FLAGS = (
+    "kv_lease_duration",
+    "heartbeat_interval",
+    "lease_extension",
+    "max_notification_bytes",
+)
 
 
 def register(sub: Any) -> None:
@@ -33,30 +37,62 @@ def register(sub: Any) -> None:
         "sim",
         help="simulate a P/D fleet in virtual time and compare timeout policies",
         description="Run a discrete-event simulation of prefill and decode engines in virtual "
-                    "time around the real LeaseTable, HeartbeatTracker and wire format, and "
-                    "compare policies (fixed timeouts, lease renewal, lease renewal with a cap) "
-                    "on the same seeded workload.",
+        "time around the real LeaseTable, HeartbeatTracker and wire format, and "
+        "compare policies (fixed timeouts, lease renewal, lease renewal with a cap) "
+        "on the same seeded workload.",
     )
-    p.add_argument("--preset", choices=_PRESET_NAMES, default="both",
-                   help="scenario (default: both = a surge and a D crash)")
+    p.add_argument(
+        "--preset",
+        choices=_PRESET_NAMES,
+        default="both",
+        help="scenario (default: both = a surge and a D crash)",
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--policies", default=_DEFAULT_POLICIES, metavar="LIST",
-                   help="comma-separated: fixed:SECONDS, lease, cap:SECONDS "
-                        f"(default {_DEFAULT_POLICIES})")
+    p.add_argument(
+        "--policies",
+        default=_DEFAULT_POLICIES,
+        metavar="LIST",
+        help=f"comma-separated: fixed:SECONDS, lease, cap:SECONDS (default {_DEFAULT_POLICIES})",
+    )
     for key, typ, text in _SCENARIO_FLAGS:
-        p.add_argument("--" + key.replace("_", "-"), dest=key, type=typ, default=None,
-                       help=f"{text} (overrides the preset)")
+        p.add_argument(
+            "--" + key.replace("_", "-"),
+            dest=key,
+            type=typ,
+            default=None,
+            help=f"{text} (overrides the preset)",
+        )
     add_lease_flags(p, _LEASE_FLAGS, note="; lease policies only")
-    p.add_argument("--sample-dt", type=float, default=None, metavar="SECONDS",
-                   help="spacing of the raw series (default duration/600)")
-    p.add_argument("--out", type=Path, default=None, metavar="DIR",
-                   help="write figures.json, figures.csv, series.csv, death_to_release.csv")
-    p.add_argument("--plot", type=Path, default=None, metavar="FILE.png",
-                   help="draw P's held blocks over time per policy (needs leaseproto[plot])")
+    p.add_argument(
+        "--sample-dt",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="spacing of the raw series (default duration/600)",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="write figures.json, figures.csv, series.csv, death_to_release.csv",
+    )
+    p.add_argument(
+        "--plot",
+        type=Path,
+        default=None,
+        metavar="FILE.png",
+        help="draw P's held blocks over time per policy (needs leaseproto[plot])",
+    )
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     bar = p.add_mutually_exclusive_group()
-    bar.add_argument("--progress", dest="progress", action="store_true", default=None,
-                     help="show a progress bar (default: when stderr is a terminal)")
+    bar.add_argument(
+        "--progress",
+        dest="progress",
+        action="store_true",
+        default=None,
+        help="show a progress bar (default: when stderr is a terminal)",
+    )
     bar.add_argument("--no-progress", dest="progress", action="store_false")
     p.set_defaults(func=run)
 
@@ -95,26 +131,42 @@ def run(args: argparse.Namespace) -> int:
     from ..sim.report import header, plot, table, write_files  # noqa: PLC0415
 
     if args.plot is not None and importlib.util.find_spec("matplotlib") is None:
-        print("leaseproto sim: --plot needs matplotlib: pip install 'leaseproto[plot]'",
-              file=sys.stderr)
+        print(
+            "leaseproto sim: --plot needs matplotlib: pip install 'leaseproto[plot]'",
+            file=sys.stderr,
+        )
         return 2
     try:
-        overrides = {k: getattr(args, k) for k, _, _ in _SCENARIO_FLAGS
-                     if getattr(args, k) is not None}
+        overrides = {
+            k: getattr(args, k) for k, _, _ in _SCENARIO_FLAGS if getattr(args, k) is not None
+        }
         scenario = preset(args.preset, **overrides)
-        policies = parse_policies(args.policies,
-                                  LeaseConfig(**lease_kwargs(args, _LEASE_FLAGS)))
+        policies = parse_policies(args.policies, LeaseConfig(**lease_kwargs(args, _LEASE_FLAGS)))
         if args.sample_dt is not None and not args.sample_dt > 0:
             raise ValueError("--sample-dt must be > 0")
     except ValueError as exc:
         print(f"leaseproto sim: {exc}", file=sys.stderr)
         return 2
     show = sys.stderr.isatty() if args.progress is None else args.progress
-    comp = compare(scenario, seed=args.seed, policies=policies, sample_dt=args.sample_dt,
-                   progress=Progress() if show else None)
+    comp = compare(
+        scenario,
+        seed=args.seed,
+        policies=policies,
+        sample_dt=args.sample_dt,
+        progress=Progress() if show else None,
+    )
     if args.json:
-        print(json.dumps({"scenario": scenario.name, "seed": args.seed, "wall_s": comp.wall_s,
-                          "figures": [f.as_dict() for f in comp.figures]}, indent=1))
+        print(
+            json.dumps(
+                {
+                    "scenario": scenario.name,
+                    "seed": args.seed,
+                    "wall_s": comp.wall_s,
+                    "figures": [f.as_dict() for f in comp.figures],
+                },
+                indent=1,
+            )
+        )
     else:
         print(header(comp))
         print(table(comp))

@@ -6,8 +6,8 @@ import math
 from bisect import bisect_right
 from collections import deque
 
-from .._table import LeaseTable
-from .._tracker import HeartbeatTracker
+from ..core.table import LeaseTable
+from ..core.tracker import HeartbeatTracker
 from .policy import Policy
 
 __all__ = ["DEngine", "PEngine", "grid"]
@@ -33,13 +33,32 @@ class PEngine:
 
 
 class DEngine:
-    __slots__ = ("alive", "dead_since", "epoch", "hangs", "hb_times", "hs", "index", "phase",
-                 "reading",
-                 "router_up", "running", "sched_times", "stall_ends", "stall_starts",
-                 "tracker", "waiting")
+    __slots__ = (
+        "alive",
+        "dead_since",
+        "epoch",
+        "hangs",
+        "hb_times",
+        "hs",
+        "index",
+        "phase",
+        "reading",
+        "router_up",
+        "running",
+        "sched_times",
+        "stall_ends",
+        "stall_starts",
+        "tracker",
+        "waiting",
+    )
 
-    def __init__(self, index: int, phase: float, stalls: list[tuple[float, float]],
-                 hangs: list[tuple[float, float]]) -> None:
+    def __init__(
+        self,
+        index: int,
+        phase: float,
+        stalls: list[tuple[float, float]],
+        hangs: list[tuple[float, float]],
+    ) -> None:
         self.index = index
         self.hangs = hangs
         self.phase = phase

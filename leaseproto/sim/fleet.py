@@ -40,9 +40,9 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from .. import wire
-from .._events import LateTransfer, Release, ReleaseReason
-from .._tracker import HeartbeatTracker
+from ..core import wire
+from ..core.events import LateTransfer, Release, ReleaseReason
+from ..core.tracker import HeartbeatTracker
 from .engines import DEngine, PEngine, grid
 from .figures import Figures, Series, percentile
 from .policy import Policy
@@ -66,8 +66,14 @@ class FleetRun:
     none): the tests check them against the timing rules.
     """
 
-    def __init__(self, workload: Workload, policy: Policy, *, sample_dt: float | None = None,
-                 progress: Callable[[float], None] | None = None) -> None:
+    def __init__(
+        self,
+        workload: Workload,
+        policy: Policy,
+        *,
+        sample_dt: float | None = None,
+        progress: Callable[[float], None] | None = None,
+    ) -> None:
         self.wl = workload
         self.sc = sc = workload.scenario
         self.policy = policy
@@ -76,9 +82,15 @@ class FleetRun:
         n = len(workload)
         self.ps = [PEngine(i, policy, workload.p_phase[i]) for i in range(sc.p_engines)]
         self.p_by_name = {p.name: p for p in self.ps}
-        self.ds = [DEngine(i, workload.d_phase[i], workload.stalls[i],
-                      [(h.at, h.at + h.length) for h in sc.hangs if h.engine == i])
-                   for i in range(sc.d_engines)]
+        self.ds = [
+            DEngine(
+                i,
+                workload.d_phase[i],
+                workload.stalls[i],
+                [(h.at, h.at + h.length) for h in sc.hangs if h.engine == i],
+            )
+            for i in range(sc.d_engines)
+        ]
         for d in self.ds:
             d.tracker = self._new_tracker()
         self.idx_of = {rid: i for i, rid in enumerate(workload.rid)}
@@ -178,8 +190,12 @@ class FleetRun:
         s.live_leases.append(sum(len(p.table) for p in self.ps))
         s.d_waiting.append(sum(len(d.waiting) for d in self.ds))
         s.hb_msgs.append(self._hb_msgs)
-        busy = (t < self.sc.duration or s.live_leases[-1] or s.d_waiting[-1]
-                or any(p.busy or p.queue for p in self.ps))
+        busy = (
+            t < self.sc.duration
+            or s.live_leases[-1]
+            or s.d_waiting[-1]
+            or any(p.busy or p.queue for p in self.ps)
+        )
         if busy:
             self._at(t + self.sample_dt, self._sample, None)
 

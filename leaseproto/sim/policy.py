@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .._config import LeaseConfig
+from ..core.config import LeaseConfig
 
 __all__ = ["DEFAULT_CAP", "Policy", "default_policies", "replace_cap"]
 
@@ -51,8 +51,7 @@ class Policy:
         return self.ttl if self.ttl is not None else self.config.kv_lease_duration
 
 
-def default_policies(config: LeaseConfig | None = None,
-                     cap: float = DEFAULT_CAP) -> list[Policy]:
+def default_policies(config: LeaseConfig | None = None, cap: float = DEFAULT_CAP) -> list[Policy]:
     """Fixed 480 s, fixed 30 s, lease renewal, lease renewal with a cap."""
     cfg = config if config is not None else LeaseConfig()
     capped = replace_cap(cfg, cap)
@@ -69,4 +68,3 @@ def replace_cap(cfg: LeaseConfig, cap: float) -> LeaseConfig:
     values = cfg.as_dict()
     values["max_lease_lifetime"] = cap
     return LeaseConfig(**values)  # type: ignore[arg-type]
-

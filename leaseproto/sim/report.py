@@ -23,24 +23,37 @@ def _cell(value: object, fmt: str) -> str:
 def table(comp: Comparison) -> str:
     """The figures, one column per policy, one row per figure."""
     names = [f.policy for f in comp.figures]
-    rows = [[label, *(_cell(getattr(f, attr), fmt) for f in comp.figures)]
-            for attr, label, fmt in FIGURE_LABELS]
+    rows = [
+        [label, *(_cell(getattr(f, attr), fmt) for f in comp.figures)]
+        for attr, label, fmt in FIGURE_LABELS
+    ]
     widths = [max(len(r[k]) for r in [["", *names], *rows]) for k in range(len(names) + 1)]
-    lines = ["  ".join([f"{'':<{widths[0]}}",
-                        *(f"{n:>{w}}" for n, w in zip(names, widths[1:], strict=True))])]
+    lines = [
+        "  ".join(
+            [f"{'':<{widths[0]}}", *(f"{n:>{w}}" for n, w in zip(names, widths[1:], strict=True))]
+        )
+    ]
     lines.append("  ".join("-" * w for w in widths))
     for r in rows:
-        lines.append("  ".join([f"{r[0]:<{widths[0]}}",
-                                *(f"{c:>{w}}" for c, w in zip(r[1:], widths[1:], strict=True))]))
+        lines.append(
+            "  ".join(
+                [
+                    f"{r[0]:<{widths[0]}}",
+                    *(f"{c:>{w}}" for c, w in zip(r[1:], widths[1:], strict=True)),
+                ]
+            )
+        )
     return "\n".join(lines)
 
 
 def header(comp: Comparison) -> str:
     sc = comp.scenario
     events = sum(f.events for f in comp.figures)
-    return (f"scenario {sc.name}: {comp.workload_size:,} requests over {sc.duration:g} s of "
-            f"virtual time, {sc.p_engines} P + {sc.d_engines} D engines, seed {comp.seed}; "
-            f"{len(comp.figures)} policies, {events:,} events in {comp.wall_s:.1f} s wall")
+    return (
+        f"scenario {sc.name}: {comp.workload_size:,} requests over {sc.duration:g} s of "
+        f"virtual time, {sc.p_engines} P + {sc.d_engines} D engines, seed {comp.seed}; "
+        f"{len(comp.figures)} policies, {events:,} events in {comp.wall_s:.1f} s wall"
+    )
 
 
 def _scenario_dict(comp: Comparison) -> dict[str, Any]:
@@ -56,13 +69,19 @@ def write_files(comp: Comparison, out: Path) -> list[Path]:
         "scenario": _scenario_dict(comp),
         "seed": comp.seed,
         "wall_s": comp.wall_s,
-        "policies": [{"name": p.name, "heartbeats": p.heartbeats, "ttl": p.ttl,
-                      "config": p.config.as_dict()} for p in comp.policies],
+        "policies": [
+            {"name": p.name, "heartbeats": p.heartbeats, "ttl": p.ttl, "config": p.config.as_dict()}
+            for p in comp.policies
+        ],
         "figures": figs,
         "series": {f.policy: asdict(s) for f, s in zip(comp.figures, comp.series, strict=True)},
     }
-    paths = [out / "figures.json", out / "figures.csv", out / "series.csv",
-             out / "death_to_release.csv"]
+    paths = [
+        out / "figures.json",
+        out / "figures.csv",
+        out / "series.csv",
+        out / "death_to_release.csv",
+    ]
     paths[0].write_text(json.dumps(doc, indent=1) + "\n")
     with paths[1].open("w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=list(figs[0]))
@@ -101,21 +120,38 @@ def plot(comp: Comparison, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(10, 5), dpi=110)
     styles = ("-", "-", "-", "--", ":", "-.")
     for k, (f, s) in enumerate(zip(comp.figures, comp.series, strict=True)):
-        ax.plot(s.t, s.p_blocks, label=f.policy, linewidth=1.4 if k < 3 else 1.8,
-                linestyle=styles[k % len(styles)])
+        ax.plot(
+            s.t,
+            s.p_blocks,
+            label=f.policy,
+            linewidth=1.4 if k < 3 else 1.8,
+            linestyle=styles[k % len(styles)],
+        )
     for k, surge in enumerate(sc.surges):
-        ax.axvspan(surge.start, surge.start + surge.length, color="orange", alpha=0.15,
-                   label="surge" if k == 0 else None)
+        ax.axvspan(
+            surge.start,
+            surge.start + surge.length,
+            color="orange",
+            alpha=0.15,
+            label="surge" if k == 0 else None,
+        )
     for k, crash in enumerate(sc.crashes):
-        ax.axvline(crash.at, color="red", linestyle="--", linewidth=1,
-                   label="D crash" if k == 0 else None)
+        ax.axvline(
+            crash.at, color="red", linestyle="--", linewidth=1, label="D crash" if k == 0 else None
+        )
     for k, hang in enumerate(sc.hangs):
-        ax.axvspan(hang.at, hang.at + hang.length, color="grey", alpha=0.12,
-                   label="D hung" if k == 0 else None)
+        ax.axvspan(
+            hang.at,
+            hang.at + hang.length,
+            color="grey",
+            alpha=0.12,
+            label="D hung" if k == 0 else None,
+        )
     ax.set_xlabel("virtual time (s)")
     ax.set_ylabel("KV blocks held by P under a lease")
-    ax.set_title(f"leaseproto sim --preset {sc.name} (seed {comp.seed}, "
-                 f"{comp.workload_size:,} requests)")
+    ax.set_title(
+        f"leaseproto sim --preset {sc.name} (seed {comp.seed}, {comp.workload_size:,} requests)"
+    )
     ax.grid(alpha=0.3)
     ax.legend(loc="upper right", fontsize=8)
     fig.tight_layout()

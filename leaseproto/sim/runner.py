@@ -71,9 +71,15 @@ class Comparison:
         return self.figures[0].requests if self.figures else 0
 
 
-def compare(scenario: Scenario, *, seed: int = 0, policies: Sequence[Policy] | None = None,
-            sample_dt: float | None = None, progress: Progress | None = None,
-            workload: Workload | None = None) -> Comparison:
+def compare(
+    scenario: Scenario,
+    *,
+    seed: int = 0,
+    policies: Sequence[Policy] | None = None,
+    sample_dt: float | None = None,
+    progress: Progress | None = None,
+    workload: Workload | None = None,
+) -> Comparison:
     """Generate ``scenario``'s workload for ``seed`` once and run every policy
     on it (default: :func:`default_policies`)."""
     started = time.perf_counter()
@@ -83,8 +89,12 @@ def compare(scenario: Scenario, *, seed: int = 0, policies: Sequence[Policy] | N
     for k, policy in enumerate(pols):
         if progress is not None:
             progress.start(f"[{policy.name} {k + 1}/{len(pols)}]", scenario.duration)
-        run = FleetRun(wl, policy, sample_dt=sample_dt,
-                       progress=progress.update if progress is not None else None)
+        run = FleetRun(
+            wl,
+            policy,
+            sample_dt=sample_dt,
+            progress=progress.update if progress is not None else None,
+        )
         t0 = time.perf_counter()
         fig, series = run.run()
         fig.wall_s = time.perf_counter() - t0

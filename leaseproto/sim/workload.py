@@ -92,22 +92,39 @@ class Scenario:
     router_detect: float = 2.0
 
     def __post_init__(self) -> None:
-        for key in ("duration", "rate", "d_step", "p_step", "prefill_per_token",
-                    "decode_per_token", "block_tokens"):
+        for key in (
+            "duration",
+            "rate",
+            "d_step",
+            "p_step",
+            "prefill_per_token",
+            "decode_per_token",
+            "block_tokens",
+        ):
             value = getattr(self, key)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ValueError(f"scenario {key}={value!r} must be a positive finite number")
         for key in ("p_engines", "d_engines", "d_slots"):
             if getattr(self, key) < 1:
                 raise ValueError(f"scenario {key} must be >= 1")
-        for key in ("stall_rate", "delay_base", "delay_jitter", "router_transit", "handshake",
-                    "router_detect", "prefill_base", "read_base", "read_per_block"):
+        for key in (
+            "stall_rate",
+            "delay_base",
+            "delay_jitter",
+            "router_transit",
+            "handshake",
+            "router_detect",
+            "prefill_base",
+            "read_base",
+            "read_per_block",
+        ):
             if getattr(self, key) < 0:
                 raise ValueError(f"scenario {key} must be >= 0")
         for crash in self.crashes:
             if not 0 <= crash.engine < self.d_engines:
-                raise ValueError(f"crash names decode engine {crash.engine}, "
-                                 f"but there are {self.d_engines}")
+                raise ValueError(
+                    f"crash names decode engine {crash.engine}, but there are {self.d_engines}"
+                )
             if crash.down_for <= 0:
                 raise ValueError("crash down_for must be > 0")
         for hang in self.hangs:
@@ -129,29 +146,41 @@ class Scenario:
 
 
 _SURGE = Scenario(
-    name="surge", duration=900.0, rate=1.0,
+    name="surge",
+    duration=900.0,
+    rate=1.0,
     surges=(Surge(start=120.0, length=120.0, rate=3.0),),
 )
 _CRASH = Scenario(
     # A short burst from t=160 leaves queued requests on every D when D0 dies.
-    name="crash", duration=600.0, rate=3.0, d_engines=4,
+    name="crash",
+    duration=600.0,
+    rate=3.0,
+    d_engines=4,
     surges=(Surge(start=160.0, length=40.0, rate=4.0),),
     crashes=(Crash(at=200.0, engine=0, down_for=60.0),),
 )
 _BOTH = Scenario(
-    name="both", duration=900.0, rate=1.0,
+    name="both",
+    duration=900.0,
+    rate=1.0,
     surges=(Surge(start=120.0, length=120.0, rate=3.0),),
     crashes=(Crash(at=200.0, engine=0, down_for=60.0),),
 )
 _SCALE = Scenario(
-    name="scale", duration=3600.0, rate=2.9, p_engines=4, d_engines=8,
+    name="scale",
+    duration=3600.0,
+    rate=2.9,
+    p_engines=4,
+    d_engines=8,
     surges=(Surge(start=900.0, length=300.0, rate=8.0),),
-    crashes=(Crash(at=1100.0, engine=0, down_for=120.0),
-             Crash(at=2700.0, engine=3, down_for=60.0)),
+    crashes=(Crash(at=1100.0, engine=0, down_for=120.0), Crash(at=2700.0, engine=3, down_for=60.0)),
 )
 
 _HANG = Scenario(
-    name="hang", duration=600.0, rate=1.0,
+    name="hang",
+    duration=600.0,
+    rate=1.0,
     hangs=(Hang(at=100.0, engine=0, length=600.0),),
 )
 

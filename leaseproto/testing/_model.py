@@ -1,7 +1,7 @@
 """A naive model of the prefill side: one dict, a full scan on every reap.
 
 Written plainly from the spec's prose (§6, §8.1-8.5), without the rules of
-:mod:`leaseproto._rules`, so that agreement with :class:`~leaseproto.LeaseTable`
+:mod:`leaseproto.core.rules`, so that agreement with :class:`~leaseproto.LeaseTable`
 means something. Slow on purpose.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from .._config import LeaseConfig
-from .._events import LateTransfer, Release, ReleaseReason
+from ..core.config import LeaseConfig
+from ..core.events import LateTransfer, Release, ReleaseReason
 
 __all__ = ["NaiveLeaseTable"]
 
@@ -37,8 +37,14 @@ class NaiveLeaseTable:
         while len(self.ended) > self.config.tombstone_capacity:
             del self.ended[next(iter(self.ended))]
         self._count("released_" + reason.value)
-        return Release(req_id, reason, now, granted_at=lease["granted_at"],
-                       deadline=lease["deadline"], last_renewal=lease["last_renewal"])
+        return Release(
+            req_id,
+            reason,
+            now,
+            granted_at=lease["granted_at"],
+            deadline=lease["deadline"],
+            last_renewal=lease["last_renewal"],
+        )
 
     def _stage(self, req_id: str, now: float, abort: bool) -> None:
         if req_id not in self.staged:
@@ -55,16 +61,23 @@ class NaiveLeaseTable:
             self.staged[req_id]["transfers"] += 1
         self._count("early_staged")
 
-    def grant(self, req_id: str, *, now: float, consumers: int = 1,
-              ttl: float | None = None) -> Release | None:
+    def grant(
+        self, req_id: str, *, now: float, consumers: int = 1, ttl: float | None = None
+    ) -> Release | None:
         assert req_id not in self.leases
         ttl = self.config.kv_lease_duration if ttl is None else ttl
         cap = self.config.max_lease_lifetime
         self.ended.pop(req_id, None)
         self.grants += 1
-        self.leases[req_id] = {"granted_at": now, "deadline": now + ttl, "consumers": consumers,
-                               "done": 0, "last_renewal": None, "seq": self.grants,
-                               "cap_at": None if cap is None else now + cap}
+        self.leases[req_id] = {
+            "granted_at": now,
+            "deadline": now + ttl,
+            "consumers": consumers,
+            "done": 0,
+            "last_renewal": None,
+            "seq": self.grants,
+            "cap_at": None if cap is None else now + cap,
+        }
         self._count("granted")
         early = self.staged.pop(req_id, None)
         if early is None:
@@ -123,8 +136,11 @@ class NaiveLeaseTable:
         return None
 
     def expire(self, *, now: float) -> list[Release]:
-        due = sorted((lease["deadline"], lease["seq"], rid) for rid, lease in self.leases.items()
-                     if lease["deadline"] <= now)
+        due = sorted(
+            (lease["deadline"], lease["seq"], rid)
+            for rid, lease in self.leases.items()
+            if lease["deadline"] <= now
+        )
         out = [self._release(rid, ReleaseReason.EXPIRED, now) for _, _, rid in due]
         for rid, (_, at) in list(self.ended.items()):
             if at + self.config.tombstone_ttl <= now:

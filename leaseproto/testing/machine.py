@@ -15,9 +15,9 @@ from hypothesis import note
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from .._config import LeaseConfig
-from .._events import LateTransfer, Release, ReleaseReason
-from .._table import LeaseTable
+from ..core.config import LeaseConfig
+from ..core.events import LateTransfer, Release, ReleaseReason
+from ..core.table import LeaseTable
 from ._model import NaiveLeaseTable
 
 __all__ = ["LeaseTableMachine"]
@@ -26,13 +26,21 @@ IDS = [f"req-{i}" for i in range(8)]
 _ids = st.sampled_from(IDS)
 _ttls = st.sampled_from([None, 0.5, 3.0, 30.0, 480.0])
 _dts = st.sampled_from([0.0, 0.25, 1.0, 2.5, 5.0, 20.0, 29.75, 30.0, 100.0]) | st.floats(
-    min_value=0.0, max_value=60.0, allow_nan=False)
-_configs = st.sampled_from([
-    LeaseConfig(),
-    LeaseConfig(kv_lease_duration=3.0, max_lease_lifetime=7.0),
-    LeaseConfig(kv_lease_duration=3.0, tombstone_ttl=10.0, tombstone_capacity=3,
-                staging_ttl=2.0, staging_capacity=2),
-])
+    min_value=0.0, max_value=60.0, allow_nan=False
+)
+_configs = st.sampled_from(
+    [
+        LeaseConfig(),
+        LeaseConfig(kv_lease_duration=3.0, max_lease_lifetime=7.0),
+        LeaseConfig(
+            kv_lease_duration=3.0,
+            tombstone_ttl=10.0,
+            tombstone_capacity=3,
+            staging_ttl=2.0,
+            staging_capacity=2,
+        ),
+    ]
+)
 
 
 class LeaseTableMachine(RuleBasedStateMachine):
@@ -163,7 +171,8 @@ class LeaseTableMachine(RuleBasedStateMachine):
             live = 1 if rid in self.table else 0
             assert self.granted.get(rid, 0) == self.released.get(rid, 0) + live, (
                 f"I3: {rid} granted {self.granted.get(rid, 0)}x, released "
-                f"{self.released.get(rid, 0)}x, live {live}")
+                f"{self.released.get(rid, 0)}x, live {live}"
+            )
 
     @invariant()
     def i5_i6_i7_deadline_bounds(self) -> None:

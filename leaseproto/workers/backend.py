@@ -45,8 +45,9 @@ def vocab_size(seed: int = 0) -> int:
     return TinyDecoder(seed=seed).config.vocab
 
 
-def reference_tokens(prompt: Sequence[int], max_tokens: int, *, seed: int = 0,
-                     device: str = "cpu") -> list[int]:
+def reference_tokens(
+    prompt: Sequence[int], max_tokens: int, *, seed: int = 0, device: str = "cpu"
+) -> list[int]:
     """What one process produces for ``prompt`` without paging or transfers."""
     return _model(seed, device).reference(list(prompt), max_tokens)
 
@@ -54,16 +55,16 @@ def reference_tokens(prompt: Sequence[int], max_tokens: int, *, seed: int = 0,
 class KVBackend:
     """Endpoint + pool + model of one rank."""
 
-    def __init__(self, opts: RankOptions, *, agent_name: str, full_heads: bool = False
-                 ) -> None:
+    def __init__(self, opts: RankOptions, *, agent_name: str, full_heads: bool = False) -> None:
         """``full_heads``: hold every head (decode rank 0, which runs the model),
         not just this rank's share."""
         self.model = TinyDecoder(seed=opts.model_seed, device=opts.device)
         cfg = self.model.config
         self.rank_heads = head_range(opts.rank, opts.tp, cfg.num_heads)
         h0, h1 = (0, cfg.num_heads) if full_heads else self.rank_heads
-        self.pool = self.model.make_pool(opts.num_blocks, opts.block_size, head_start=h0,
-                                         num_heads=h1 - h0, device=opts.device)
+        self.pool = self.model.make_pool(
+            opts.num_blocks, opts.block_size, head_start=h0, num_heads=h1 - h0, device=opts.device
+        )
         self.agent_name = agent_name
         self.nixl_port = opts.nixl_port or free_port(opts.host)
         self.endpoint = NixlEndpoint(agent_name, host=opts.host, port=self.nixl_port)
@@ -85,8 +86,9 @@ class KVBackend:
     def take_lost_peers(self) -> list[tuple[str, str]]:
         return self.endpoint.take_lost_peers()
 
-    def read(self, agent: str, local: XferDescs, remote: XferDescs, *,
-             notif_msg: bytes) -> Transfer:
+    def read(
+        self, agent: str, local: XferDescs, remote: XferDescs, *, notif_msg: bytes
+    ) -> Transfer:
         return self.endpoint.read(agent, local, remote, notif_msg=notif_msg)
 
     def transfer_state(self, xfer: Transfer) -> XferState:
@@ -131,13 +133,15 @@ class KVBackend:
         """Write this pool's heads of the prompt's K/V; the first generated token."""
         return self.model.prefill(list(prompt), self.pool, blocks)
 
-    def decode(self, blocks: Sequence[int], num_tokens: int, first_token: int,
-               max_tokens: int) -> list[int]:
+    def decode(
+        self, blocks: Sequence[int], num_tokens: int, first_token: int, max_tokens: int
+    ) -> list[int]:
         return self.model.decode(self.pool, blocks, num_tokens, first_token, max_tokens)
 
     # -- transfers ------------------------------------------------------------------------
-    def read_plan(self, ranks: Sequence[RankParams], blocks: Sequence[int], num_tokens: int
-                  ) -> list[tuple[RankParams, XferDescs, XferDescs]]:
+    def read_plan(
+        self, ranks: Sequence[RankParams], blocks: Sequence[int], num_tokens: int
+    ) -> list[tuple[RankParams, XferDescs, XferDescs]]:
         """For each P rank holding some of *this rank's* heads: the local and
         remote descriptors of those heads of the prompt's blocks.
 
@@ -152,29 +156,42 @@ class KVBackend:
             remote = PoolLayout.from_dict(rank.layout)
             local.compatible(remote)
             if len(rank.block_ids) < need:
-                raise LayoutError(f"P rank {rank.rank} holds {len(rank.block_ids)} blocks, "
-                                  f"{need} needed")
+                raise LayoutError(
+                    f"P rank {rank.rank} holds {len(rank.block_ids)} blocks, {need} needed"
+                )
             h0 = max(mine[0], remote.heads[0])
             h1 = min(mine[1], remote.heads[1])
             if h0 >= h1:
                 continue
-            out.append((rank, self.pool.descs(list(blocks[:need]), (h0, h1)),
-                        remote.descs(list(rank.block_ids[:need]), (h0, h1))))
+            out.append(
+                (
+                    rank,
+                    self.pool.descs(list(blocks[:need]), (h0, h1)),
+                    remote.descs(list(rank.block_ids[:need]), (h0, h1)),
+                )
+            )
         if not out:
             raise LayoutError(f"no P rank holds heads {mine}")
         return out
 
     def export_shard(self, blocks: Sequence[int], num_tokens: int) -> bytes:
         """This pool's K/V of the prompt's blocks, as bytes for rank 0."""
-        index = torch.tensor(list(blocks[:self.pool.blocks_needed(num_tokens)]),
-                             dtype=torch.long, device=self.pool.device)
-        parts = [src[index] for layer in range(self.pool.num_layers)
-                 for src in (self.pool.k(layer), self.pool.v(layer))]
+        index = torch.tensor(
+            list(blocks[: self.pool.blocks_needed(num_tokens)]),
+            dtype=torch.long,
+            device=self.pool.device,
+        )
+        parts = [
+            src[index]
+            for layer in range(self.pool.num_layers)
+            for src in (self.pool.k(layer), self.pool.v(layer))
+        ]
         data: bytes = torch.stack(parts).contiguous().cpu().view(torch.uint8).numpy().tobytes()
         return data
 
-    def import_shard(self, rank: int, tp: int, blocks: Sequence[int], num_tokens: int,
-                     data: bytes) -> None:
+    def import_shard(
+        self, rank: int, tp: int, blocks: Sequence[int], num_tokens: int, data: bytes
+    ) -> None:
         """Copy decode rank ``rank``'s shard (from :meth:`export_shard`) into
         the matching heads of our blocks.
 
@@ -184,8 +201,7 @@ class KVBackend:
         h0, h1 = head_range(rank, tp, self.model.config.num_heads)
         lo, hi = h0 - self.pool.head_start, h1 - self.pool.head_start
         nb = self.pool.blocks_needed(num_tokens)
-        shape = (self.pool.num_layers * 2, nb, h1 - h0, self.pool.block_size,
-                 self.pool.head_dim)
+        shape = (self.pool.num_layers * 2, nb, h1 - h0, self.pool.block_size, self.pool.head_dim)
         expected = torch.Size(shape).numel() * self.pool.pool_layout.elem_size
         if not isinstance(data, (bytes, bytearray)) or len(data) != expected:
             raise ValueError(f"shard of decode rank {rank} is not {expected} bytes")

@@ -25,7 +25,7 @@ from typing import Any, TextIO
 
 import zmq
 
-from .._config import LeaseConfig
+from ..core.config import LeaseConfig
 from .plane import Msg, call, decode, encode
 
 __all__ = ["Cluster", "ClusterSpec", "RouterClient", "Worker"]
@@ -58,8 +58,11 @@ class ClusterSpec:
     @property
     def config(self) -> LeaseConfig:
         """The effective lease configuration every worker runs with."""
-        return LeaseConfig(self.kv_lease_duration, heartbeat_interval=self.heartbeat_interval,
-                           lease_extension=self.lease_extension)
+        return LeaseConfig(
+            self.kv_lease_duration,
+            heartbeat_interval=self.heartbeat_interval,
+            lease_extension=self.lease_extension,
+        )
 
     def lease_args(self) -> list[str]:
         out = ["--kv-lease-duration", str(self.kv_lease_duration), "--policy", self.policy]
@@ -122,22 +125,35 @@ class Cluster:
         logf = open(log_path, "w")  # noqa: SIM115 - closed in stop()
         self._logs.append(logf)
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        cmd = [sys.executable, "-m", "leaseproto", "serve", *args,
-               "--ready-file", str(ready), "--log-level", self.spec.log_level,
-               "--exit-with-parent"]
-        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env,
-                                stdin=subprocess.DEVNULL)
+        cmd = [
+            sys.executable,
+            "-m",
+            "leaseproto",
+            "serve",
+            *args,
+            "--ready-file",
+            str(ready),
+            "--log-level",
+            self.spec.log_level,
+            "--exit-with-parent",
+        ]
+        proc = subprocess.Popen(
+            cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL
+        )
         return Worker(name, proc, log_path, ready)
 
     def _await(self, workers: Sequence[Worker], deadline: float) -> None:
         for w in workers:
             while not w.ready_path.exists():
                 if not w.alive():
-                    raise RuntimeError(f"{w.name} exited during start-up "
-                                       f"(status {w.proc.returncode}):\n{w.log_tail()}")
+                    raise RuntimeError(
+                        f"{w.name} exited during start-up "
+                        f"(status {w.proc.returncode}):\n{w.log_tail()}"
+                    )
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"{w.name} not ready after {START_TIMEOUT:g} s:\n"
-                                       f"{w.log_tail()}")
+                    raise TimeoutError(
+                        f"{w.name} not ready after {START_TIMEOUT:g} s:\n{w.log_tail()}"
+                    )
                 time.sleep(0.05)
             w.info = json.loads(w.ready_path.read_text())
 
@@ -146,36 +162,82 @@ class Cluster:
         deadline = time.monotonic() + START_TIMEOUT
         common = [*s.lease_args(), "--device", s.device, "--block-size", str(s.block_size)]
         followers = [
-            self._spawn(f"decode-{r}", ["decode", "--rank", str(r), "--tp", str(s.d_tp),
-                                        "--num-blocks", str(s.d_blocks), *common,
-                                        *s.extra.get("decode", ())])
-            for r in range(1, s.d_tp)]
+            self._spawn(
+                f"decode-{r}",
+                [
+                    "decode",
+                    "--rank",
+                    str(r),
+                    "--tp",
+                    str(s.d_tp),
+                    "--num-blocks",
+                    str(s.d_blocks),
+                    *common,
+                    *s.extra.get("decode", ()),
+                ],
+            )
+            for r in range(1, s.d_tp)
+        ]
         self.prefill = [
-            self._spawn(f"prefill-{r}", ["prefill", "--rank", str(r), "--tp", str(s.p_tp),
-                                         "--engine-id", "prefill-engine",
-                                         "--num-blocks", str(s.p_blocks), *common,
-                                         *s.extra.get("prefill", ())])
-            for r in range(s.p_tp)]
+            self._spawn(
+                f"prefill-{r}",
+                [
+                    "prefill",
+                    "--rank",
+                    str(r),
+                    "--tp",
+                    str(s.p_tp),
+                    "--engine-id",
+                    "prefill-engine",
+                    "--num-blocks",
+                    str(s.p_blocks),
+                    *common,
+                    *s.extra.get("prefill", ()),
+                ],
+            )
+            for r in range(s.p_tp)
+        ]
         self._await(followers, deadline)
-        leader = self._spawn("decode-0", [
-            "decode", "--rank", "0", "--tp", str(s.d_tp), "--num-blocks", str(s.d_blocks),
-            "--max-running", str(s.max_running), "--step-time", str(s.d_step_time),
-            "--on-kv-loss", s.on_kv_loss, *common,
-            *[a for f in followers for a in ("--follower", f.address)],
-            *s.extra.get("decode", ())])
+        leader = self._spawn(
+            "decode-0",
+            [
+                "decode",
+                "--rank",
+                "0",
+                "--tp",
+                str(s.d_tp),
+                "--num-blocks",
+                str(s.d_blocks),
+                "--max-running",
+                str(s.max_running),
+                "--step-time",
+                str(s.d_step_time),
+                "--on-kv-loss",
+                s.on_kv_loss,
+                *common,
+                *[a for f in followers for a in ("--follower", f.address)],
+                *s.extra.get("decode", ()),
+            ],
+        )
         self.decode = [leader, *followers]
         self._await([*self.prefill, leader], deadline)
-        self.router = self._spawn("router", [
-            "router", *[a for p in self.prefill for a in ("--prefill", p.address)],
-            "--decode", leader.address, *s.extra.get("router", ())])
+        self.router = self._spawn(
+            "router",
+            [
+                "router",
+                *[a for p in self.prefill for a in ("--prefill", p.address)],
+                "--decode",
+                leader.address,
+                *s.extra.get("router", ()),
+            ],
+        )
         self._await([self.router], deadline)
         while True:  # the router answers once it has heard from every worker
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError("router never saw every worker:\n" + self.router.log_tail())
             with contextlib.suppress(TimeoutError):
-                if call(self.router.address, {"op": "ping"}, timeout=min(1.0, left)).get(
-                        "ready"):
+                if call(self.router.address, {"op": "ping"}, timeout=min(1.0, left)).get("ready"):
                     return self
             time.sleep(0.05)
 
@@ -236,8 +298,9 @@ class Cluster:
             client.poll(0.05)
         return False
 
-    def last_release(self, *, until: float,
-                     on_poll: Callable[[Msg, float], None] | None = None) -> float | None:
+    def last_release(
+        self, *, until: float, on_poll: Callable[[Msg, float], None] | None = None
+    ) -> float | None:
         """Poll the first prefill worker until it holds no block and no lease;
         returns when (``time.monotonic()``) it released its last one, or
         ``None`` if it still held some at ``until``."""
@@ -265,8 +328,11 @@ class RouterClient:
 
     def submit(self, req_id: str, prompt: Sequence[int], max_tokens: int) -> None:
         self.sent[req_id] = time.monotonic()
-        self.sock.send(encode({"op": "generate", "id": req_id, "prompt": list(prompt),
-                               "max_tokens": max_tokens}))
+        self.sock.send(
+            encode(
+                {"op": "generate", "id": req_id, "prompt": list(prompt), "max_tokens": max_tokens}
+            )
+        )
 
     def poll(self, timeout: float = 0.0) -> list[Msg]:
         """Answers that arrived within ``timeout`` seconds (at least one wait)."""

@@ -31,9 +31,9 @@ from typing import Any
 
 import zmq
 
-from .. import wire
-from .._tracker import HeartbeatTracker
 from ..adapters.kv_pool import LayoutError
+from ..core import wire
+from ..core.tracker import HeartbeatTracker
 from .backend import KVBackend
 from .decode_follower import Followers
 from .decode_state import DecodeOptions, Engine, Req
@@ -56,8 +56,9 @@ class DecodeWorker(EngineLoop):
         self.opts = opts
         self.config = opts.config
         self.tracker = HeartbeatTracker(opts.config)
-        self.backend = KVBackend(opts, agent_name=f"decode-r0-{secrets.token_hex(3)}",
-                                 full_heads=True)
+        self.backend = KVBackend(
+            opts, agent_name=f"decode-r0-{secrets.token_hex(3)}", full_heads=True
+        )
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self.server = Server(self.ctx, opts.host, opts.port)
         self.followers = Followers(self.ctx, opts.followers)
@@ -68,15 +69,30 @@ class DecodeWorker(EngineLoop):
         self.running: dict[str, Req] = {}
         self.by_remote: dict[str, Req] = {}  # P's id -> request (for NACKs)
         self.engines: dict[str, Engine] = {}
-        self.counts = {"completed": 0, "recomputed": 0, "failed": 0, "nacks": 0,
-                       "nack_after_answer": 0, "malformed": 0, "heartbeats_sent": 0,
-                       "engines_dropped": 0, "late_first_heartbeats": 0}
+        self.counts = {
+            "completed": 0,
+            "recomputed": 0,
+            "failed": 0,
+            "nacks": 0,
+            "nack_after_answer": 0,
+            "malformed": 0,
+            "heartbeats_sent": 0,
+            "engines_dropped": 0,
+            "late_first_heartbeats": 0,
+        }
         self._now = -math.inf
 
     def ready_info(self) -> dict[str, Any]:
-        return {"role": "decode", "host": self.opts.host, "port": self.server.port,
-                "metrics_port": self.metrics.port, "nixl_port": self.backend.nixl_port,
-                "agent": self.backend.agent_name, "rank": 0, "tp": self.opts.tp}
+        return {
+            "role": "decode",
+            "host": self.opts.host,
+            "port": self.server.port,
+            "metrics_port": self.metrics.port,
+            "nixl_port": self.backend.nixl_port,
+            "agent": self.backend.agent_name,
+            "rank": 0,
+            "tp": self.opts.tp,
+        }
 
     def pong(self) -> Msg:
         return {"role": "decode", "tp": self.opts.tp, "agent": self.backend.agent_name}
@@ -107,12 +123,28 @@ class DecodeWorker(EngineLoop):
                 raise ValueError(problem)
         except ValueError as exc:
             self._malformed(str(exc))
-            self.server.reply(envelope, {"op": "decoded", "req_id": msg.get("req_id"),
-                                         "ok": False, "tokens": [], "error": str(exc)})
+            self.server.reply(
+                envelope,
+                {
+                    "op": "decoded",
+                    "req_id": msg.get("req_id"),
+                    "ok": False,
+                    "tokens": [],
+                    "error": str(exc),
+                },
+            )
             return
         if req.req_id in self.running or any(r.req_id == req.req_id for r in self.waiting):
-            self.server.reply(envelope, {"op": "decoded", "req_id": req.req_id, "ok": False,
-                                         "tokens": [], "error": "duplicate request id"})
+            self.server.reply(
+                envelope,
+                {
+                    "op": "decoded",
+                    "req_id": req.req_id,
+                    "ok": False,
+                    "tokens": [],
+                    "error": "duplicate request id",
+                },
+            )
             return
         engine = self._engine(req)
         self.waiting.append(req)
@@ -120,8 +152,12 @@ class DecodeWorker(EngineLoop):
         if engine.lost:
             self._kv_lost(req, f"P engine {engine.engine_id} is gone ({engine.lost})")
         elif self.opts.policy == "lease":
-            self.tracker.track(req.req_id, engine_id=req.engine_id,
-                               remote_req_id=req.remote_req_id, now=self._clock())
+            self.tracker.track(
+                req.req_id,
+                engine_id=req.engine_id,
+                remote_req_id=req.remote_req_id,
+                now=self._clock(),
+            )
 
     def _engine(self, req: Req) -> Engine:
         """The P engine of ``req``; the first sight of an engine (or of new
@@ -134,15 +170,18 @@ class DecodeWorker(EngineLoop):
             for rank in req.ranks:
                 self.backend.connect(rank.agent, rank.host, rank.nixl_port)
             self.followers.connect(req.ranks)
-            log.info("handshake started with P engine %s (%d ranks)", req.engine_id,
-                     len(req.ranks))
+            log.info("handshake started with P engine %s (%d ranks)", req.engine_id, len(req.ranks))
         return engine
 
     # -- lease step -----------------------------------------------------------------------
     def _pending(self) -> set[str]:
-        return {e for e in self.tracker.engines()
-                if e in self.engines and not self.engines[e].lost
-                and not all(self.backend.is_connected(a) for a in self.engines[e].agents)}
+        return {
+            e
+            for e in self.tracker.engines()
+            if e in self.engines
+            and not self.engines[e].lost
+            and not all(self.backend.is_connected(a) for a in self.engines[e].agents)
+        }
 
     def lease_step(self) -> None:
         now = self._clock()
@@ -181,8 +220,12 @@ class DecodeWorker(EngineLoop):
             late = None if req is None else req.first_heartbeat(now)
             if req is not None and late is not None:
                 self.counts["late_first_heartbeats"] += 1
-                log.warning("first heartbeat for req %s sent %.2f s after its initial lease "
-                            "ran out: P may already have freed its blocks", req.req_id, late)
+                log.warning(
+                    "first heartbeat for req %s sent %.2f s after its initial lease "
+                    "ran out: P may already have freed its blocks",
+                    req.req_id,
+                    late,
+                )
 
     def _peer_lost(self, agent: str, reason: str) -> None:
         for engine in self.engines.values():
@@ -194,8 +237,12 @@ class DecodeWorker(EngineLoop):
         self.counts["engines_dropped"] += 1
         self.metrics.engines_dropped.inc()
         dropped = set(self.tracker.drop_engine(engine.engine_id))
-        log.warning("P engine %s lost (%s): failing over %d requests", engine.engine_id,
-                    reason, len(dropped))
+        log.warning(
+            "P engine %s lost (%s): failing over %d requests",
+            engine.engine_id,
+            reason,
+            len(dropped),
+        )
         for req in [*self.waiting, *self.running.values()]:
             if req.engine_id == engine.engine_id and req.needs_remote_kv and not req.kv_in:
                 self._kv_lost(req, f"P engine {engine.engine_id} lost: {reason}")
@@ -217,11 +264,19 @@ class DecodeWorker(EngineLoop):
         req = self.by_remote.get(remote_req_id)
         if req is None or req.done:
             self.counts["nack_after_answer"] += 1
-            log.error("NACK (%s) from %s for req %s after its answer was sent: that answer "
-                      "may be wrong", reason, sender, remote_req_id)
+            log.error(
+                "NACK (%s) from %s for req %s after its answer was sent: that answer may be wrong",
+                reason,
+                sender,
+                remote_req_id,
+            )
             return
-        log.warning("NACK from %s: the lease of req %s had %s before the read; discarding "
-                    "what was read", sender, remote_req_id, reason)
+        log.warning(
+            "NACK from %s: the lease of req %s had %s before the read; discarding what was read",
+            sender,
+            remote_req_id,
+            reason,
+        )
         self._kv_lost(req, f"NACK: lease {reason} before the read")
 
     # -- fail-over ------------------------------------------------------------------------
@@ -282,8 +337,9 @@ class DecodeWorker(EngineLoop):
     def _start_reads(self, req: Req) -> None:
         req.state = "reading"
         # vLLM's n: how many D ranks notify each P rank (its completion threshold)
-        notif = wire.encode_transfer_done(req.remote_req_id,
-                                          max(1, self.opts.tp // max(1, len(req.ranks))))
+        notif = wire.encode_transfer_done(
+            req.remote_req_id, max(1, self.opts.tp // max(1, len(req.ranks)))
+        )
         try:
             plan = self.backend.read_plan(req.ranks, req.blocks, req.num_tokens)
         except (LayoutError, ValueError) as exc:
@@ -305,8 +361,9 @@ class DecodeWorker(EngineLoop):
             failed = [x for x in req.transfers if x.state == "ERR"]
             if failed:
                 self.metrics.transfers.labels(outcome="failed").inc()
-                self._kv_lost(req, f"READ from {failed[0].peer} failed: {failed[0].error}",
-                              abort=True)
+                self._kv_lost(
+                    req, f"READ from {failed[0].peer} failed: {failed[0].error}", abort=True
+                )
                 continue
             if all(s == "DONE" for s in states) and not req.followers_pending:
                 for x in req.transfers:
@@ -320,8 +377,7 @@ class DecodeWorker(EngineLoop):
 
     def _from_follower(self, rank: int, msg: Msg | None) -> None:
         if msg is None:
-            log.error("decode rank %d disconnected: requests reading through it fail over",
-                      rank)
+            log.error("decode rank %d disconnected: requests reading through it fail over", rank)
             for r in list(self.running.values()):
                 if rank in r.followers_pending:
                     self._kv_lost(r, f"decode rank {rank} disconnected", abort=True)
@@ -356,8 +412,9 @@ class DecodeWorker(EngineLoop):
             if req.state != "decoding":
                 continue
             if not req.tokens:
-                req.tokens = self.backend.decode(req.blocks, req.num_tokens, req.start_token,
-                                                 req.max_tokens)
+                req.tokens = self.backend.decode(
+                    req.blocks, req.num_tokens, req.start_token, req.max_tokens
+                )
                 req.steps_left = req.max_tokens - 1
             if req.steps_left > 0:
                 req.steps_left -= 1
@@ -381,15 +438,28 @@ class DecodeWorker(EngineLoop):
             self.metrics.completed.inc()
         else:
             self.counts["failed"] += 1
-        self.server.reply(req.envelope, {"op": "decoded", "req_id": req.req_id, "ok": ok,
-                                         "tokens": req.tokens if ok else [], "error": error,
-                                         "recomputed": req.recompute})
+        self.server.reply(
+            req.envelope,
+            {
+                "op": "decoded",
+                "req_id": req.req_id,
+                "ok": ok,
+                "tokens": req.tokens if ok else [],
+                "error": error,
+                "recomputed": req.recompute,
+            },
+        )
 
     def stats(self) -> Msg:
-        return {"role": "decode", "waiting": len(self.waiting),
-                "running": len(self.running), "tracked": len(self.tracker),
-                "blocks_free": self.backend.num_free, **self.counts,
-                "tracker": stats_dict(self.tracker.stats)}
+        return {
+            "role": "decode",
+            "waiting": len(self.waiting),
+            "running": len(self.running),
+            "tracked": len(self.tracker),
+            "blocks_free": self.backend.num_free,
+            **self.counts,
+            "tracker": stats_dict(self.tracker.stats),
+        }
 
     # -- loop -----------------------------------------------------------------------------
     def step(self, wait_s: float = _IDLE_WAIT_S) -> None:
@@ -415,9 +485,11 @@ class DecodeWorker(EngineLoop):
 
     def describe(self) -> str:
         o = self.opts
-        return (f"decode rank 0/{o.tp} serving on {o.host}:{self.server.port} (NIXL "
-                f"{self.backend.nixl_port}, agent {self.backend.agent_name}, policy "
-                f"{o.policy}, max running {o.max_running})")
+        return (
+            f"decode rank 0/{o.tp} serving on {o.host}:{self.server.port} (NIXL "
+            f"{self.backend.nixl_port}, agent {self.backend.agent_name}, policy "
+            f"{o.policy}, max running {o.max_running})"
+        )
 
     def close(self) -> None:
         self.followers.close()

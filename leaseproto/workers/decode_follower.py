@@ -22,8 +22,8 @@ from typing import Any
 
 import zmq
 
-from .. import wire
 from ..adapters.xfer import Transfer
+from ..core import wire
 from .backend import KVBackend
 from .decode_state import DecodeOptions, RankParams, Req
 from .loop import EngineLoop
@@ -56,8 +56,13 @@ class Followers:
     def read(self, req: Req) -> int | None:
         """Ask every follower to read its heads of ``req``; the first rank
         that cannot take the request, or None."""
-        msg = {"op": "read", "req_id": req.req_id, "remote_req_id": req.remote_req_id,
-               "num_tokens": req.num_tokens, "ranks": [r.as_msg() for r in req.ranks]}
+        msg = {
+            "op": "read",
+            "req_id": req.req_id,
+            "remote_req_id": req.remote_req_id,
+            "num_tokens": req.num_tokens,
+            "ranks": [r.as_msg() for r in req.ranks],
+        }
         for rank, peer in zip(self.ranks, self.peers, strict=True):
             if not peer.send(msg):
                 return rank
@@ -107,16 +112,28 @@ class DecodeFollower(EngineLoop):
         self.counts = {"reads_done": 0, "reads_failed": 0, "nacks": 0, "malformed": 0}
 
     def ready_info(self) -> dict[str, Any]:
-        return {"role": "decode", "host": self.opts.host, "port": self.server.port,
-                "metrics_port": self.metrics.port, "nixl_port": self.backend.nixl_port,
-                "agent": self.backend.agent_name, "rank": self.opts.rank, "tp": self.opts.tp}
+        return {
+            "role": "decode",
+            "host": self.opts.host,
+            "port": self.server.port,
+            "metrics_port": self.metrics.port,
+            "nixl_port": self.backend.nixl_port,
+            "agent": self.backend.agent_name,
+            "rank": self.opts.rank,
+            "tp": self.opts.tp,
+        }
 
     def pong(self) -> Msg:
         return {"role": "decode", "rank": self.opts.rank, "tp": self.opts.tp}
 
     def stats(self) -> Msg:
-        return {"role": "decode", "rank": self.opts.rank, "reads": len(self.reads),
-                "blocks_free": self.backend.num_free, **self.counts}
+        return {
+            "role": "decode",
+            "rank": self.opts.rank,
+            "reads": len(self.reads),
+            "blocks_free": self.backend.num_free,
+            **self.counts,
+        }
 
     def _to_leader(self, msg: Msg) -> None:
         if self.leader is not None:
@@ -139,8 +156,9 @@ class DecodeFollower(EngineLoop):
             self.metrics.malformed.inc()
             log.warning("dropped a malformed %r message: %s", op, exc)
             if op == "read":
-                self.server.reply(envelope, {"op": "read_failed", "req_id": msg.get("req_id"),
-                                             "error": str(exc)})
+                self.server.reply(
+                    envelope, {"op": "read_failed", "req_id": msg.get("req_id"), "error": str(exc)}
+                )
 
     def _start(self) -> None:
         while self.waiting:
@@ -151,12 +169,15 @@ class DecodeFollower(EngineLoop):
                 num_tokens = int(msg["num_tokens"])
                 remote = str(msg["remote_req_id"])
                 # vLLM's n: how many D ranks notify each P rank
-                notif = wire.encode_transfer_done(remote,
-                                                  max(1, self.opts.tp // max(1, len(ranks))))
+                notif = wire.encode_transfer_done(
+                    remote, max(1, self.opts.tp // max(1, len(ranks)))
+                )
             except (ValueError, KeyError, TypeError) as exc:
                 self.waiting.pop(0)
-                self.server.reply(envelope, {"op": "read_failed", "req_id": req_id,
-                                             "error": f"bad read request: {exc}"})
+                self.server.reply(
+                    envelope,
+                    {"op": "read_failed", "req_id": req_id, "error": f"bad read request: {exc}"},
+                )
                 continue
             blocks = self.backend.alloc_for(num_tokens)
             if blocks is None:
@@ -167,12 +188,19 @@ class DecodeFollower(EngineLoop):
                 plan = self.backend.read_plan(ranks, blocks, num_tokens)
             except ValueError as exc:  # LayoutError included
                 self.backend.free(blocks)
-                self.server.reply(envelope, {"op": "read_failed", "req_id": req_id,
-                                             "error": f"unusable transfer parameters: {exc}"})
+                self.server.reply(
+                    envelope,
+                    {
+                        "op": "read_failed",
+                        "req_id": req_id,
+                        "error": f"unusable transfer parameters: {exc}",
+                    },
+                )
                 continue
             for rank, local, remote_descs in plan:
-                rd.transfers.append(self.backend.read(rank.agent, local, remote_descs,
-                                                      notif_msg=notif))
+                rd.transfers.append(
+                    self.backend.read(rank.agent, local, remote_descs, notif_msg=notif)
+                )
             self.reads[req_id] = rd
 
     def _progress(self) -> None:
@@ -194,13 +222,13 @@ class DecodeFollower(EngineLoop):
                 kv = self.backend.export_shard(rd.blocks, rd.num_tokens)
                 self.counts["reads_done"] += 1
                 self.metrics.transfers.labels(outcome="done").inc()
-                self.server.reply(rd.envelope, {"op": "read_done", "req_id": rd.req_id,
-                                                "kv": kv})
+                self.server.reply(rd.envelope, {"op": "read_done", "req_id": rd.req_id, "kv": kv})
             else:
                 self.counts["reads_failed"] += 1
                 self.metrics.transfers.labels(outcome="failed").inc()
-                self.server.reply(rd.envelope, {"op": "read_failed", "req_id": rd.req_id,
-                                                "error": error})
+                self.server.reply(
+                    rd.envelope, {"op": "read_failed", "req_id": rd.req_id, "error": error}
+                )
             self.backend.free(rd.blocks)
 
     def step(self, wait_s: float = 0.005) -> None:
@@ -219,8 +247,7 @@ class DecodeFollower(EngineLoop):
             if isinstance(msg, wire.Nack):
                 self.counts["nacks"] += 1
                 self.metrics.nacks.inc()
-                self._to_leader({"op": "nack", "remote_req_id": msg.req_id,
-                                 "reason": msg.reason})
+                self._to_leader({"op": "nack", "remote_req_id": msg.req_id, "reason": msg.reason})
         for agent, reason in self.backend.take_lost_peers():
             self._to_leader({"op": "peer_lost", "agent": agent, "reason": reason})
         self._start()
@@ -228,8 +255,10 @@ class DecodeFollower(EngineLoop):
 
     def describe(self) -> str:
         o = self.opts
-        return (f"decode rank {o.rank}/{o.tp} serving on {o.host}:{self.server.port} (NIXL "
-                f"{self.backend.nixl_port}, agent {self.backend.agent_name})")
+        return (
+            f"decode rank {o.rank}/{o.tp} serving on {o.host}:{self.server.port} (NIXL "
+            f"{self.backend.nixl_port}, agent {self.backend.agent_name})"
+        )
 
     def close(self) -> None:
         self.server.close()

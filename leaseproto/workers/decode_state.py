@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import wire
 from ..adapters.xfer import Transfer
+from ..core import wire
 from .loop import RankOptions
 
 __all__ = ["DecodeOptions", "Engine", "RankParams", "Req"]
@@ -26,11 +26,12 @@ class DecodeOptions(RankOptions):
     def validate(self) -> None:
         self.check()
         if self.on_kv_loss not in ("recompute", "error"):
-            raise ValueError(f"on_kv_loss must be 'recompute' or 'error', got "
-                             f"{self.on_kv_loss!r}")
+            raise ValueError(f"on_kv_loss must be 'recompute' or 'error', got {self.on_kv_loss!r}")
         if self.rank == 0 and len(self.followers) != self.tp - 1:
-            raise ValueError(f"rank 0 of a {self.tp}-rank decode engine needs {self.tp - 1} "
-                             f"--follower addresses, got {len(self.followers)}")
+            raise ValueError(
+                f"rank 0 of a {self.tp}-rank decode engine needs {self.tp - 1} "
+                f"--follower addresses, got {len(self.followers)}"
+            )
         if self.max_running < 1:
             raise ValueError("max_running must be >= 1")
         if self.step_time < 0:
@@ -40,8 +41,7 @@ class DecodeOptions(RankOptions):
 def _int(d: dict[str, Any], key: str, minimum: int = 0) -> int:
     v = d.get(key)
     if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        raise ValueError(f"transfer parameter {key!r} must be an integer >= {minimum}, "
-                         f"got {v!r}")
+        raise ValueError(f"transfer parameter {key!r} must be an integer >= {minimum}, got {v!r}")
     return v
 
 
@@ -71,7 +71,8 @@ class RankParams:
             raise ValueError("each rank's transfer parameters must be a map")
         blocks = d.get("block_ids")
         if not isinstance(blocks, list) or not all(
-                isinstance(b, int) and not isinstance(b, bool) and b >= 0 for b in blocks):
+            isinstance(b, int) and not isinstance(b, bool) and b >= 0 for b in blocks
+        ):
             raise ValueError("transfer parameter 'block_ids' must be a list of block ids")
         layout = d.get("layout")
         if not isinstance(layout, dict):
@@ -79,14 +80,28 @@ class RankParams:
         remaining = d.get("lease_remaining", 0.0)
         if isinstance(remaining, bool) or not isinstance(remaining, (int, float)):
             raise ValueError("transfer parameter 'lease_remaining' must be a number of seconds")
-        return cls(rank=_int(d, "rank"), tp=_int(d, "tp", 1), agent=_str(d, "agent"),
-                   host=_str(d, "host"), nixl_port=_int(d, "nixl_port", 1),
-                   block_ids=tuple(blocks), layout=layout, lease_remaining=float(remaining))
+        return cls(
+            rank=_int(d, "rank"),
+            tp=_int(d, "tp", 1),
+            agent=_str(d, "agent"),
+            host=_str(d, "host"),
+            nixl_port=_int(d, "nixl_port", 1),
+            block_ids=tuple(blocks),
+            layout=layout,
+            lease_remaining=float(remaining),
+        )
 
     def as_msg(self) -> dict[str, Any]:
-        return {"rank": self.rank, "tp": self.tp, "agent": self.agent, "host": self.host,
-                "nixl_port": self.nixl_port, "block_ids": list(self.block_ids),
-                "layout": self.layout, "lease_remaining": self.lease_remaining}
+        return {
+            "rank": self.rank,
+            "tp": self.tp,
+            "agent": self.agent,
+            "host": self.host,
+            "nixl_port": self.nixl_port,
+            "block_ids": list(self.block_ids),
+            "layout": self.layout,
+            "lease_remaining": self.lease_remaining,
+        }
 
 
 @dataclass
@@ -138,18 +153,23 @@ class Req:
         self.first_heartbeat_sent = True
         late = now - (self.arrived + min(r.lease_remaining for r in self.ranks))
         return late if late > 0 else None
+
     transfers: list[Transfer] = field(default_factory=list)
     followers_pending: set[int] = field(default_factory=set)
 
     @classmethod
-    def from_msg(cls, envelope: list[bytes], msg: dict[str, Any], *, now: float,
-                 block_size: int) -> Req:
+    def from_msg(
+        cls, envelope: list[bytes], msg: dict[str, Any], *, now: float, block_size: int
+    ) -> Req:
         """Parse a ``decode`` request. Raises ``ValueError`` naming the bad field."""
         req_id = _str(msg, "req_id")
         wire.check_id(req_id)
         prompt = msg.get("prompt")
-        if not isinstance(prompt, list) or not prompt or not all(
-                isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        if (
+            not isinstance(prompt, list)
+            or not prompt
+            or not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+        ):
             raise ValueError("prompt must be a non-empty list of token ids")
         max_tokens = _int(msg, "max_tokens", 1)
         params = msg.get("params")
@@ -162,17 +182,28 @@ class Req:
             raise ValueError("transfer parameter 'ranks' must be a non-empty list")
         ranks = sorted((RankParams.parse(r) for r in ranks_raw), key=lambda r: r.rank)
         if [r.rank for r in ranks] != list(range(len(ranks))) or any(
-                r.tp != len(ranks) for r in ranks):
+            r.tp != len(ranks) for r in ranks
+        ):
             raise ValueError("transfer parameters must name every P rank exactly once")
         need = -(-len(prompt) // block_size)
         for r in ranks:
             if len(r.block_ids) != need:
-                raise ValueError(f"P rank {r.rank} sent {len(r.block_ids)} block ids for a "
-                                 f"{len(prompt)}-token prompt ({need} blocks of {block_size})")
+                raise ValueError(
+                    f"P rank {r.rank} sent {len(r.block_ids)} block ids for a "
+                    f"{len(prompt)}-token prompt ({need} blocks of {block_size})"
+                )
         first = ranks_raw[0].get("first_token") if isinstance(ranks_raw[0], dict) else None
         if isinstance(first, bool) or not isinstance(first, int):
             raise ValueError("transfer parameter 'first_token' must be a token id")
-        return cls(envelope=envelope, req_id=req_id, prompt=list(prompt),
-                   max_tokens=max_tokens, remote_req_id=remote,
-                   engine_id=_str(params, "engine_id"), ranks=ranks, first_token=first,
-                   num_tokens=len(prompt), arrived=now)
+        return cls(
+            envelope=envelope,
+            req_id=req_id,
+            prompt=list(prompt),
+            max_tokens=max_tokens,
+            remote_req_id=remote,
+            engine_id=_str(params, "engine_id"),
+            ranks=ranks,
+            first_token=first,
+            num_tokens=len(prompt),
+            arrived=now,
+        )

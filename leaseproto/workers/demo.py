@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from .._config import LeaseConfig
+from ..core.config import LeaseConfig
 from .cluster import Cluster, ClusterSpec
 
 __all__ = ["DemoSettings", "PhaseResult", "run_demo"]
@@ -113,13 +113,24 @@ def _prompts(settings: DemoSettings, n: int, salt: int) -> list[list[int]]:
 
 
 def _spec(settings: DemoSettings, policy: str, p_blocks: int) -> ClusterSpec:
-    return ClusterSpec(kv_lease_duration=settings.kv_lease_duration, policy=policy,
-                       device=settings.device, p_blocks=p_blocks, d_blocks=256,
-                       max_running=settings.max_running, d_step_time=settings.d_step_time)
+    return ClusterSpec(
+        kv_lease_duration=settings.kv_lease_duration,
+        policy=policy,
+        device=settings.device,
+        p_blocks=p_blocks,
+        d_blocks=256,
+        max_running=settings.max_running,
+        d_step_time=settings.d_step_time,
+    )
 
 
-def _surge(cluster: Cluster, settings: DemoSettings, result: PhaseResult,
-           progress: _Progress, reference: Callable[[list[int]], list[int]]) -> None:
+def _surge(
+    cluster: Cluster,
+    settings: DemoSettings,
+    result: PhaseResult,
+    progress: _Progress,
+    reference: Callable[[list[int]], list[int]],
+) -> None:
     n = settings.first_wave + settings.waves * settings.wave
     prompts = _prompts(settings, n, salt=1)
     expected = {f"s{i}": reference(p) for i, p in enumerate(prompts)}
@@ -128,7 +139,8 @@ def _surge(cluster: Cluster, settings: DemoSettings, result: PhaseResult,
     sent = 0
     try:
         schedule = [(0.0, settings.first_wave)] + [
-            (1.0 + k, settings.wave) for k in range(settings.waves)]
+            (1.0 + k, settings.wave) for k in range(settings.waves)
+        ]
         deadline = start + 120.0
         while time.monotonic() < deadline:
             now = time.monotonic() - start
@@ -167,9 +179,11 @@ def _show(progress: _Progress, cluster: Cluster, name: str, answered: int, n: in
     except TimeoutError:
         return
     t = p.get("table", {})
-    progress.show(f"{name}: {answered}/{n} answered | D waiting {d.get('waiting')} running "
-                  f"{d.get('running')} | P blocks held {p.get('blocks_held')} | expired "
-                  f"{t.get('released_expired')} late {t.get('late_transfers')}")
+    progress.show(
+        f"{name}: {answered}/{n} answered | D waiting {d.get('waiting')} running "
+        f"{d.get('running')} | P blocks held {p.get('blocks_held')} | expired "
+        f"{t.get('released_expired')} late {t.get('late_transfers')}"
+    )
 
 
 def _settle(cluster: Cluster, result: PhaseResult, settings: DemoSettings) -> None:
@@ -188,8 +202,9 @@ def _settle(cluster: Cluster, result: PhaseResult, settings: DemoSettings) -> No
     result.blocks_leaked = int(p["blocks_total"]) - int(p["blocks_free"])
 
 
-def _crash(cluster: Cluster, settings: DemoSettings, result: PhaseResult,
-           progress: _Progress) -> None:
+def _crash(
+    cluster: Cluster, settings: DemoSettings, result: PhaseResult, progress: _Progress
+) -> None:
     n = settings.crash_requests
     client = cluster.client()
     p_before = cluster.stats(cluster.prefill[0])["table"]
@@ -203,8 +218,11 @@ def _crash(cluster: Cluster, settings: DemoSettings, result: PhaseResult,
         time.sleep(settings.kv_lease_duration - settings.lease_extension + 0.2)
         d = cluster.stats(cluster.decode[0])
         p = cluster.stats(cluster.prefill[0])
-        progress.show(f"{result.name}: D has {d['waiting']} waiting, {d['running']} running; "
-                      f"P holds {p['blocks_held']} blocks: SIGKILL D", force=True)
+        progress.show(
+            f"{result.name}: D has {d['waiting']} waiting, {d['running']} running; "
+            f"P holds {p['blocks_held']} blocks: SIGKILL D",
+            force=True,
+        )
         held_at_kill = p["blocks_held"]
         killed_at = cluster.kill(cluster.decode[0])
         bound = settings.lease_extension + settings.heartbeat_interval
@@ -213,7 +231,9 @@ def _crash(cluster: Cluster, settings: DemoSettings, result: PhaseResult,
             until=killed_at + bound + 10.0,
             on_poll=lambda p, asked: progress.show(
                 f"{result.name}: P holds {p['blocks_held']} blocks "
-                f"{asked - killed_at:.2f} s after the kill"))
+                f"{asked - killed_at:.2f} s after the kill"
+            ),
+        )
         progress.done()
         if released_at is None:
             result.notes.append("P still held blocks 10 s past the bound")
@@ -233,8 +253,9 @@ def _crash(cluster: Cluster, settings: DemoSettings, result: PhaseResult,
     result.blocks_leaked = int(p["blocks_total"]) - int(p["blocks_free"])
 
 
-def run_demo(settings: DemoSettings, *, out: TextIO = sys.stdout,
-             json_path: str | None = None) -> list[PhaseResult]:
+def run_demo(
+    settings: DemoSettings, *, out: TextIO = sys.stdout, json_path: str | None = None
+) -> list[PhaseResult]:
     from .backend import reference_tokens  # noqa: PLC0415 - torch, on use
 
     progress = _Progress(out)
@@ -251,33 +272,53 @@ def run_demo(settings: DemoSettings, *, out: TextIO = sys.stdout,
         results.append(result)
 
     n = settings.first_wave + settings.waves * settings.wave
-    surge = (f"{n} requests ({settings.first_wave} at once, then {settings.wave} a second) "
-             f"for a decoder that runs {settings.max_running} at once")
+    surge = (
+        f"{n} requests ({settings.first_wave} at once, then {settings.wave} a second) "
+        f"for a decoder that runs {settings.max_running} at once"
+    )
     # P's pool holds one surge (all of it may wait on D at once), and no more
     p_blocks = n * -(-settings.prompt_len // ClusterSpec.block_size) + 2
     results: list[PhaseResult] = []
-    out.write(f"leaseproto demo: kv_lease_duration {settings.kv_lease_duration:g} s, heartbeat "
-              f"every {settings.heartbeat_interval:g} s, lease extension "
-              f"{settings.lease_extension:g} s, device {settings.device}\n")
+    out.write(
+        f"leaseproto demo: kv_lease_duration {settings.kv_lease_duration:g} s, heartbeat "
+        f"every {settings.heartbeat_interval:g} s, lease extension "
+        f"{settings.lease_extension:g} s, device {settings.device}\n"
+    )
     t0 = time.monotonic()
     out.write("starting a router, a prefill and a decode worker (lease policy)...\n")
-    with Cluster(_spec(settings, "lease", p_blocks), log_dir=_sub(settings, "lease")
-                 ) as cluster:
-        phase(PhaseResult("1 surge", "lease"),
-              lambda r: _surge(cluster, settings, r, progress, reference), surge)
-        phase(PhaseResult("2 D SIGKILL", "lease"), lambda r: _crash(cluster, settings, r, progress),
-              f"{settings.crash_requests} requests queued on the decoder, then SIGKILL")
+    with Cluster(_spec(settings, "lease", p_blocks), log_dir=_sub(settings, "lease")) as cluster:
+        phase(
+            PhaseResult("1 surge", "lease"),
+            lambda r: _surge(cluster, settings, r, progress, reference),
+            surge,
+        )
+        phase(
+            PhaseResult("2 D SIGKILL", "lease"),
+            lambda r: _crash(cluster, settings, r, progress),
+            f"{settings.crash_requests} requests queued on the decoder, then SIGKILL",
+        )
     out.write("restarting the workers with --policy fixed (fixed timeout, no renewals)...\n")
-    with Cluster(_spec(settings, "fixed", p_blocks), log_dir=_sub(settings, "fixed")
-                 ) as cluster:
-        phase(PhaseResult("3 surge", "fixed"),
-              lambda r: _surge(cluster, settings, r, progress, reference), "the same " + surge)
+    with Cluster(_spec(settings, "fixed", p_blocks), log_dir=_sub(settings, "fixed")) as cluster:
+        phase(
+            PhaseResult("3 surge", "fixed"),
+            lambda r: _surge(cluster, settings, r, progress, reference),
+            "the same " + surge,
+        )
     out.write("\n" + _table(results) + f"\ntotal {time.monotonic() - t0:.1f} s\n")
     if json_path is not None:
-        Path(json_path).write_text(json.dumps(
-            {"settings": {**asdict(settings), "heartbeat_interval": settings.heartbeat_interval,
-                          "lease_extension": settings.lease_extension},
-             "phases": [asdict(r) for r in results]}, indent=2))
+        Path(json_path).write_text(
+            json.dumps(
+                {
+                    "settings": {
+                        **asdict(settings),
+                        "heartbeat_interval": settings.heartbeat_interval,
+                        "lease_extension": settings.lease_extension,
+                    },
+                    "phases": [asdict(r) for r in results],
+                },
+                indent=2,
+            )
+        )
     return results
 
 
@@ -286,14 +327,18 @@ def _verdict(r: PhaseResult, settings: DemoSettings) -> str:
         if r.reclaim_s is None:
             return "no reclaim time measured (" + "; ".join(r.notes) + ")"
         within = "within" if r.reclaim_s <= r.reclaim_bound_s else "OVER"
-        return (f"P freed every block {r.reclaim_s:.2f} s after the kill ({within} the bound "
-                f"lease_extension + heartbeat_interval = {r.reclaim_bound_s:.2f} s); "
-                f"{r.blocks_leaked} blocks leaked")
+        return (
+            f"P freed every block {r.reclaim_s:.2f} s after the kill ({within} the bound "
+            f"lease_extension + heartbeat_interval = {r.reclaim_bound_s:.2f} s); "
+            f"{r.blocks_leaked} blocks leaked"
+        )
     waited = r.longest_wait_s / settings.kv_lease_duration
-    return (f"{r.identical}/{r.requests} outputs identical to the reference, {r.differing} "
-            f"different, {r.failed} failed; {r.leases_expired} leases expired, "
-            f"{r.late_transfers} late transfer notifications; longest wait "
-            f"{r.longest_wait_s:.1f} s ({waited:.1f} initial leases)")
+    return (
+        f"{r.identical}/{r.requests} outputs identical to the reference, {r.differing} "
+        f"different, {r.failed} failed; {r.leases_expired} leases expired, "
+        f"{r.late_transfers} late transfer notifications; longest wait "
+        f"{r.longest_wait_s:.1f} s ({waited:.1f} initial leases)"
+    )
 
 
 def _sub(settings: DemoSettings, name: str) -> Path | None:
@@ -301,19 +346,36 @@ def _sub(settings: DemoSettings, name: str) -> Path | None:
 
 
 def _table(results: list[PhaseResult]) -> str:
-    head = ("phase", "policy", "requests", "identical", "expired", "late xfer", "reclaim s",
-            "bound s", "leaked")
+    head = (
+        "phase",
+        "policy",
+        "requests",
+        "identical",
+        "expired",
+        "late xfer",
+        "reclaim s",
+        "bound s",
+        "leaked",
+    )
     rows = [head]
     for r in results:
-        rows.append((r.name, r.policy, str(r.requests),
-                     "-" if r.name.startswith("2") else f"{r.identical}/{r.requests}",
-                     str(r.leases_expired), str(r.late_transfers),
-                     "-" if r.reclaim_s is None else f"{r.reclaim_s:.2f}",
-                     "-" if r.reclaim_bound_s is None else f"{r.reclaim_bound_s:.2f}",
-                     str(r.blocks_leaked)))
+        rows.append(
+            (
+                r.name,
+                r.policy,
+                str(r.requests),
+                "-" if r.name.startswith("2") else f"{r.identical}/{r.requests}",
+                str(r.leases_expired),
+                str(r.late_transfers),
+                "-" if r.reclaim_s is None else f"{r.reclaim_s:.2f}",
+                "-" if r.reclaim_bound_s is None else f"{r.reclaim_bound_s:.2f}",
+                str(r.blocks_leaked),
+            )
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-             for row in rows]
+    lines = [
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
+    ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     notes = [f"  {r.name}: {note}" for r in results for note in r.notes]
     return "\n".join(lines + notes)

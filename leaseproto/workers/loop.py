@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from .._config import LeaseConfig
+from ..core.config import LeaseConfig
 from .plane import Msg, Server
 
 __all__ = ["EngineLoop", "RankOptions"]
@@ -38,13 +38,29 @@ class RankOptions:
     policy: str = "lease"
 
     @classmethod
-    def from_args(cls: type[_O], args: argparse.Namespace, config: LeaseConfig,
-                  metrics_port: int | None, **extra: Any) -> _O:
+    def from_args(
+        cls: type[_O],
+        args: argparse.Namespace,
+        config: LeaseConfig,
+        metrics_port: int | None,
+        **extra: Any,
+    ) -> _O:
         """From ``leaseproto serve``'s parsed flags; ``extra``: the subclass's fields."""
-        return cls(config=config, host=args.host, port=args.port, metrics_port=metrics_port,
-                   nixl_port=args.nixl_port, rank=args.rank, tp=args.tp, device=args.device,
-                   num_blocks=args.num_blocks, block_size=args.block_size,
-                   model_seed=args.model_seed, policy=args.policy, **extra)
+        return cls(
+            config=config,
+            host=args.host,
+            port=args.port,
+            metrics_port=metrics_port,
+            nixl_port=args.nixl_port,
+            rank=args.rank,
+            tp=args.tp,
+            device=args.device,
+            num_blocks=args.num_blocks,
+            block_size=args.block_size,
+            model_seed=args.model_seed,
+            policy=args.policy,
+            **extra,
+        )
 
     def check(self) -> None:
         if self.policy not in ("lease", "fixed"):
@@ -84,8 +100,11 @@ class EngineLoop:
             while not self._stop:
                 self.step()
                 turns += 1
-                if self.parent_pid is not None and turns % 100 == 0 \
-                        and os.getppid() != self.parent_pid:
+                if (
+                    self.parent_pid is not None
+                    and turns % 100 == 0
+                    and os.getppid() != self.parent_pid
+                ):
                     log.warning("parent process %d is gone: stopping", self.parent_pid)
                     break
         finally:

@@ -17,9 +17,9 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from .._events import Release, ReleaseReason
-from .._table import TableStats
-from .._tracker import TrackerStats
+from ..core.events import Release, ReleaseReason
+from ..core.table import TableStats
+from ..core.tracker import TrackerStats
 
 __all__ = ["DecodeMetrics", "PrefillMetrics", "RouterMetrics", "WorkerMetrics"]
 
@@ -35,7 +35,8 @@ class WorkerMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self.port: int | None = None
         self.malformed = self._counter(
-            "malformed_messages", "Notifications or request-plane messages dropped as malformed")
+            "malformed_messages", "Notifications or request-plane messages dropped as malformed"
+        )
 
     def _counter(self, name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
         return Counter("leaseproto_" + name, doc, labels, registry=self.registry)
@@ -68,14 +69,17 @@ class PrefillMetrics(WorkerMetrics):
             self.released.labels(reason=reason.value)
         self.late_transfers = c(
             "late_transfer_notifications",
-            "Transfer-done notifications for a lease already ended by expiry or abort")
+            "Transfer-done notifications for a lease already ended by expiry or abort",
+        )
         self.early_transfers = c(
             "early_transfer_notifications",
-            "Transfer-done or abort notifications that arrived before the grant (staged)")
+            "Transfer-done or abort notifications that arrived before the grant (staged)",
+        )
         self.heartbeats = c("heartbeats_received", "Heartbeat notifications received")
         self.heartbeat_ids = c("heartbeat_ids_received", "Request ids named by heartbeats")
         self.heartbeats_ignored = c(
-            "heartbeat_ids_ignored", "Heartbeat ids naming no live lease (unknown, late, lapsed)")
+            "heartbeat_ids_ignored", "Heartbeat ids naming no live lease (unknown, late, lapsed)"
+        )
         self.nacks = c("nacks_sent", "NACKs sent to a reader after a late transfer-done")
         self.prefills = c("prefills", "Prompts prefilled")
         self.blocks_held = self._gauge("blocks_held", "KV blocks held under a live lease")
@@ -84,7 +88,9 @@ class PrefillMetrics(WorkerMetrics):
         self.reclaim = Histogram(
             "leaseproto_reclaim_after_expiry_seconds",
             "Delay from an expired lease's deadline to the release of its blocks",
-            buckets=_DELAY_BUCKETS, registry=self.registry)
+            buckets=_DELAY_BUCKETS,
+            registry=self.registry,
+        )
         self._last = TableStats()
 
     def sync(self, stats: TableStats) -> None:
@@ -94,13 +100,15 @@ class PrefillMetrics(WorkerMetrics):
         _delta(self.renewed, stats.renewed, old.renewed)
         for reason in ReleaseReason:
             key = "released_" + reason.value
-            _delta(self.released.labels(reason=reason.value), getattr(stats, key),
-                   getattr(old, key))
+            _delta(
+                self.released.labels(reason=reason.value), getattr(stats, key), getattr(old, key)
+            )
         _delta(self.late_transfers, stats.late_transfers, old.late_transfers)
         _delta(self.early_transfers, stats.early_staged, old.early_staged)
         ignored = stats.renew_unknown + stats.renew_late + stats.renew_lapsed
-        _delta(self.heartbeats_ignored, ignored,
-               old.renew_unknown + old.renew_late + old.renew_lapsed)
+        _delta(
+            self.heartbeats_ignored, ignored, old.renew_unknown + old.renew_late + old.renew_lapsed
+        )
         self.leases_live.set(stats.live)
         self._last = stats
 
@@ -115,16 +123,21 @@ class DecodeMetrics(WorkerMetrics):
     def __init__(self) -> None:
         super().__init__("decode")
         c = self._counter
-        self.heartbeats = c("heartbeats_sent",
-                            "Heartbeat notifications sent (one per P rank and message)")
+        self.heartbeats = c(
+            "heartbeats_sent", "Heartbeat notifications sent (one per P rank and message)"
+        )
         self.heartbeat_ids = c("heartbeat_ids_sent", "Request ids named by sent heartbeats")
-        self.deferred = c("heartbeats_deferred",
-                          "Due heartbeats held back while the engine's handshake was pending")
-        self.send_failures = c("notification_send_failures",
-                               "Notifications that could not be sent (peer lost)")
+        self.deferred = c(
+            "heartbeats_deferred",
+            "Due heartbeats held back while the engine's handshake was pending",
+        )
+        self.send_failures = c(
+            "notification_send_failures", "Notifications that could not be sent (peer lost)"
+        )
         self.engines_dropped = c("engines_dropped", "P engines dropped after a transport failure")
-        self.failovers = c("requests_failed_over",
-                           "Requests whose remote KV was lost, by action", ("action",))
+        self.failovers = c(
+            "requests_failed_over", "Requests whose remote KV was lost, by action", ("action",)
+        )
         for action in ("recompute", "error"):
             self.failovers.labels(action=action)
         self.nacks = c("nacks_received", "NACKs received: what was read must be discarded")
@@ -149,13 +162,17 @@ class RouterMetrics(WorkerMetrics):
 
     def __init__(self) -> None:
         super().__init__("router")
-        self.requests = self._counter("router_requests", "Requests finished, by outcome",
-                                      ("outcome",))
+        self.requests = self._counter(
+            "router_requests", "Requests finished, by outcome", ("outcome",)
+        )
         for outcome in ("ok", "error"):
             self.requests.labels(outcome=outcome)
-        self.latency = Histogram("leaseproto_router_request_seconds",
-                                 "Time from a client's request to its answer",
-                                 buckets=_DELAY_BUCKETS, registry=self.registry)
+        self.latency = Histogram(
+            "leaseproto_router_request_seconds",
+            "Time from a client's request to its answer",
+            buckets=_DELAY_BUCKETS,
+            registry=self.registry,
+        )
         self.in_flight = self._gauge("router_requests_in_flight", "Requests being served")
 
 

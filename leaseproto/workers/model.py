@@ -85,19 +85,41 @@ class ModelConfig:
 class TinyDecoder:
     """The model; see the module docstring."""
 
-    def __init__(self, *, vocab: int = 256, num_layers: int = 2, num_heads: int = 4,
-                 head_dim: int = 16, ffn: int = 128, max_positions: int = 1024, seed: int = 0,
-                 emb_scale: float = 0.3, mlp_gain: float = 6.0,
-                 device: str | torch.device = "cpu", threads: int | None = 1) -> None:
-        self.config = ModelConfig(vocab=vocab, num_layers=num_layers, num_heads=num_heads,
-                                  head_dim=head_dim, ffn=ffn, max_positions=max_positions,
-                                  seed=seed, emb_scale=emb_scale, mlp_gain=mlp_gain)
+    def __init__(
+        self,
+        *,
+        vocab: int = 256,
+        num_layers: int = 2,
+        num_heads: int = 4,
+        head_dim: int = 16,
+        ffn: int = 128,
+        max_positions: int = 1024,
+        seed: int = 0,
+        emb_scale: float = 0.3,
+        mlp_gain: float = 6.0,
+        device: str | torch.device = "cpu",
+        threads: int | None = 1,
+    ) -> None:
+        self.config = ModelConfig(
+            vocab=vocab,
+            num_layers=num_layers,
+            num_heads=num_heads,
+            head_dim=head_dim,
+            ffn=ffn,
+            max_positions=max_positions,
+            seed=seed,
+            emb_scale=emb_scale,
+            mlp_gain=mlp_gain,
+        )
         for name, value in self.config.as_dict().items():
             if name in ("emb_scale", "mlp_gain"):
                 if not isinstance(value, (int, float)) or not value > 0:
                     raise ValueError(f"{name} must be a number > 0, got {value!r}")
-            elif not isinstance(value, int) or isinstance(value, bool) \
-                    or (value < 1 and name != "seed"):
+            elif (
+                not isinstance(value, int)
+                or isinstance(value, bool)
+                or (value < 1 and name != "seed")
+            ):
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if threads is not None:
             torch.set_num_threads(threads)
@@ -123,14 +145,15 @@ class TinyDecoder:
 
     # -- the forward pass (shared by every path) -----------------------------------
 
-    def _forward(self, tokens: Sequence[int], past: _KV, kv_dtype: torch.dtype
-                 ) -> tuple[torch.Tensor, _KV]:
+    def _forward(
+        self, tokens: Sequence[int], past: _KV, kv_dtype: torch.dtype
+    ) -> tuple[torch.Tensor, _KV]:
         """Run ``tokens`` after the ``past`` K/V; return the last position's
         logits and the new tokens' K/V (rounded through ``kv_dtype``)."""
         cfg = self.config
         n, start = len(tokens), past[0][0].shape[1] if past else 0
         ids = torch.tensor(list(tokens), dtype=torch.long, device=self.device)
-        x = self.tok_emb[ids] + self.pos_emb[start:start + n]
+        x = self.tok_emb[ids] + self.pos_emb[start : start + n]
         # new token i (absolute position start+i) sees positions <= start+i
         mask = torch.ones(n, start + n, dtype=torch.bool, device=self.device).tril(start)
         new: _KV = []
@@ -150,20 +173,24 @@ class TinyDecoder:
         logits = F.rms_norm(x[-1], (cfg.d_model,)) @ self.tok_emb.T
         return logits, new
 
-    def _greedy(self, past: _KV, first_token: int, max_new_tokens: int,
-                kv_dtype: torch.dtype) -> list[int]:
+    def _greedy(
+        self, past: _KV, first_token: int, max_new_tokens: int, kv_dtype: torch.dtype
+    ) -> list[int]:
         out = [first_token]
         while len(out) < max_new_tokens:
             logits, new = self._forward([out[-1]], past, kv_dtype)
-            past = [(torch.cat([pk, nk], dim=1), torch.cat([pv, nv], dim=1))
-                    for (pk, pv), (nk, nv) in zip(past, new, strict=True)]
+            past = [
+                (torch.cat([pk, nk], dim=1), torch.cat([pv, nv], dim=1))
+                for (pk, pv), (nk, nv) in zip(past, new, strict=True)
+            ]
             out.append(int(torch.argmax(logits).item()))
         return out
 
     # -- public paths ----------------------------------------------------------------
 
-    def reference(self, prompt: Sequence[int], max_new_tokens: int,
-                  kv_dtype: torch.dtype = torch.float32) -> list[int]:
+    def reference(
+        self, prompt: Sequence[int], max_new_tokens: int, kv_dtype: torch.dtype = torch.float32
+    ) -> list[int]:
         """The tokens a single process produces without paging."""
         self._check_prompt(prompt, max_new_tokens)
         logits, kv = self._forward(prompt, [], kv_dtype)
@@ -187,14 +214,25 @@ class TinyDecoder:
                 dst[index] = paged.to(device=pool.device, dtype=pool.dtype)
         return int(torch.argmax(logits).item())
 
-    def decode(self, pool: KVPool, block_ids: Sequence[int], num_tokens: int,
-               first_token: int, max_new_tokens: int) -> list[int]:
+    def decode(
+        self,
+        pool: KVPool,
+        block_ids: Sequence[int],
+        num_tokens: int,
+        first_token: int,
+        max_new_tokens: int,
+    ) -> list[int]:
         """Greedy-decode from a prompt whose K/V (``num_tokens`` positions) sit
         in ``block_ids`` of ``pool``, which must hold every head."""
         return self.decode_shards([(pool, block_ids)], num_tokens, first_token, max_new_tokens)
 
-    def decode_shards(self, shards: Sequence[tuple[KVPool, Sequence[int]]], num_tokens: int,
-                      first_token: int, max_new_tokens: int) -> list[int]:
+    def decode_shards(
+        self,
+        shards: Sequence[tuple[KVPool, Sequence[int]]],
+        num_tokens: int,
+        first_token: int,
+        max_new_tokens: int,
+    ) -> list[int]:
         """:meth:`decode` from head shards: ``(pool, block_ids)`` pairs whose
         head ranges tile ``[0, num_heads)``."""
         cfg = self.config
@@ -207,8 +245,9 @@ class TinyDecoder:
         for pool, _ in ordered:
             self._check_pool(pool)
             if pool.head_start != covered:
-                raise ValueError(f"shards leave heads {covered}..{pool.head_start - 1} "
-                                 f"uncovered or overlap")
+                raise ValueError(
+                    f"shards leave heads {covered}..{pool.head_start - 1} uncovered or overlap"
+                )
             covered = pool.heads[1]
         if covered != cfg.num_heads:
             raise ValueError(f"shards cover heads 0..{covered - 1} of {cfg.num_heads}")
@@ -228,20 +267,35 @@ class TinyDecoder:
             past.append((torch.cat(parts[0]).contiguous(), torch.cat(parts[1]).contiguous()))
         return self._greedy(past, first_token, max_new_tokens, dtype)
 
-    def make_pool(self, num_blocks: int, block_size: int, *, head_start: int = 0,
-                  num_heads: int | None = None, dtype: torch.dtype = torch.float32,
-                  device: str | torch.device = "auto") -> KVPool:
+    def make_pool(
+        self,
+        num_blocks: int,
+        block_size: int,
+        *,
+        head_start: int = 0,
+        num_heads: int | None = None,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "auto",
+    ) -> KVPool:
         """A pool shaped for this model (all heads unless a shard is asked for)."""
         cfg = self.config
-        return KVPool(num_layers=cfg.num_layers, num_blocks=num_blocks, block_size=block_size,
-                      num_heads=cfg.num_heads if num_heads is None else num_heads,
-                      head_dim=cfg.head_dim, dtype=dtype, device=device,
-                      head_start=head_start, total_heads=cfg.num_heads)
+        return KVPool(
+            num_layers=cfg.num_layers,
+            num_blocks=num_blocks,
+            block_size=block_size,
+            num_heads=cfg.num_heads if num_heads is None else num_heads,
+            head_dim=cfg.head_dim,
+            dtype=dtype,
+            device=device,
+            head_start=head_start,
+            total_heads=cfg.num_heads,
+        )
 
     # -- checks --------------------------------------------------------------------------
 
-    def _check_prompt(self, tokens: Sequence[int], max_new_tokens: int,
-                      length: int | None = None) -> None:
+    def _check_prompt(
+        self, tokens: Sequence[int], max_new_tokens: int, length: int | None = None
+    ) -> None:
         cfg = self.config
         if not tokens:
             raise ValueError("the prompt is empty")
@@ -252,22 +306,30 @@ class TinyDecoder:
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
         if length + max_new_tokens > cfg.max_positions:
-            raise ValueError(f"{length} prompt + {max_new_tokens} new tokens exceed "
-                             f"max_positions {cfg.max_positions}")
+            raise ValueError(
+                f"{length} prompt + {max_new_tokens} new tokens exceed "
+                f"max_positions {cfg.max_positions}"
+            )
 
     def _check_pool(self, pool: KVPool) -> None:
         cfg = self.config
-        if (pool.num_layers, pool.head_dim, pool.total_heads) != \
-                (cfg.num_layers, cfg.head_dim, cfg.num_heads):
-            raise ValueError(f"{pool!r} does not fit the model ({cfg.num_layers} layers, "
-                             f"{cfg.num_heads} heads of {cfg.head_dim})")
+        if (pool.num_layers, pool.head_dim, pool.total_heads) != (
+            cfg.num_layers,
+            cfg.head_dim,
+            cfg.num_heads,
+        ):
+            raise ValueError(
+                f"{pool!r} does not fit the model ({cfg.num_layers} layers, "
+                f"{cfg.num_heads} heads of {cfg.head_dim})"
+            )
 
     @staticmethod
     def _blocks_for(pool: KVPool, block_ids: Sequence[int], num_tokens: int) -> list[int]:
         need = pool.blocks_needed(num_tokens)
         if len(block_ids) < need:
-            raise ValueError(f"{num_tokens} tokens need {need} blocks of {pool.block_size}, "
-                             f"got {len(block_ids)}")
+            raise ValueError(
+                f"{num_tokens} tokens need {need} blocks of {pool.block_size}, got {len(block_ids)}"
+            )
         blocks = list(block_ids[:need])
         for block in blocks:
             if not pool.is_allocated(block):

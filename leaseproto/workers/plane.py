@@ -125,7 +125,8 @@ class Peer:
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.RECONNECT_IVL, 100)
         self._monitor: zmq.Socket[bytes] = self.sock.get_monitor_socket(
-            zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+            zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
+        )
         self.sock.connect(address)
         self.connected = False
         #: times the connection was lost
@@ -179,8 +180,13 @@ class Peer:
         self.sock.close(0)
 
 
-def call(address: str, msg: Msg, *, timeout: float = 5.0,
-         ctx: zmq.Context[zmq.Socket[bytes]] | None = None) -> Msg:
+def call(
+    address: str,
+    msg: Msg,
+    *,
+    timeout: float = 5.0,
+    ctx: zmq.Context[zmq.Socket[bytes]] | None = None,
+) -> Msg:
     """Send one request and wait for its reply (for clients, the CLI and tests).
 
     Raises:
@@ -194,8 +200,7 @@ def call(address: str, msg: Msg, *, timeout: float = 5.0,
         sock.connect(address)
         sock.send(encode(msg))
         if not sock.poll(int(timeout * 1000), zmq.POLLIN):
-            raise TimeoutError(f"no reply from {address} to {msg.get('op')!r} "
-                               f"within {timeout:g} s")
+            raise TimeoutError(f"no reply from {address} to {msg.get('op')!r} within {timeout:g} s")
         return decode(sock.recv())
     finally:
         sock.close(0)
@@ -203,8 +208,7 @@ def call(address: str, msg: Msg, *, timeout: float = 5.0,
             context.term()
 
 
-def wait_ready(address: str, *, deadline: float,
-               alive: Callable[[], bool] | None = None) -> Msg:
+def wait_ready(address: str, *, deadline: float, alive: Callable[[], bool] | None = None) -> Msg:
     """Ping ``address`` until it answers or ``deadline`` (``time.monotonic``)
     passes; if ``alive()`` turns false meanwhile, fail at once.
 

@@ -32,9 +32,9 @@ from typing import Any
 
 import zmq
 
-from .. import wire
-from .._events import LateTransfer, Release, ReleaseReason
-from .._table import LeaseTable
+from ..core import wire
+from ..core.events import LateTransfer, Release, ReleaseReason
+from ..core.table import LeaseTable
 from .backend import KVBackend
 from .loop import EngineLoop, RankOptions
 from .metrics import PrefillMetrics, stats_dict
@@ -89,9 +89,16 @@ class PrefillWorker(EngineLoop):
         self.metrics.blocks_free.set(self.backend.num_free)
 
     def ready_info(self) -> dict[str, Any]:
-        return {"role": "prefill", "host": self.opts.host, "port": self.server.port,
-                "metrics_port": self.metrics.port, "nixl_port": self.backend.nixl_port,
-                "agent": self.agent_name, "rank": self.opts.rank, "tp": self.opts.tp}
+        return {
+            "role": "prefill",
+            "host": self.opts.host,
+            "port": self.server.port,
+            "metrics_port": self.metrics.port,
+            "nixl_port": self.backend.nixl_port,
+            "agent": self.agent_name,
+            "rank": self.opts.rank,
+            "tp": self.opts.tp,
+        }
 
     def _clock(self) -> float:
         self._now = max(self._now, time.monotonic())
@@ -106,29 +113,43 @@ class PrefillWorker(EngineLoop):
         self.metrics.observe_release(rel)
         if rel.reason is ReleaseReason.EXPIRED:
             if rel.last_renewal is None:
-                why = (f"lease expired {rel.at - rel.granted_at:.1f} s after the grant, "
-                       "never renewed")
+                why = (
+                    f"lease expired {rel.at - rel.granted_at:.1f} s after the grant, never renewed"
+                )
             else:
-                why = (f"lease expired {rel.at - rel.last_renewal:.1f} s after its last "
-                       "heartbeat")
+                why = f"lease expired {rel.at - rel.last_renewal:.1f} s after its last heartbeat"
             log.info("released %d blocks of req %s: %s", len(blocks), rel.req_id, why)
         elif rel.reason is ReleaseReason.ABORTED:
-            log.info("released %d blocks of req %s: aborted by the reader", len(blocks),
-                     rel.req_id)
+            log.info("released %d blocks of req %s: aborted by the reader", len(blocks), rel.req_id)
         else:
-            log.info("released %d blocks of req %s: transferred %.2f s after the grant",
-                     len(blocks), rel.req_id, rel.at - rel.granted_at)
+            log.info(
+                "released %d blocks of req %s: transferred %.2f s after the grant",
+                len(blocks),
+                rel.req_id,
+                rel.at - rel.granted_at,
+            )
 
     def _late(self, late: LateTransfer, sender: str) -> None:
         what = "expired" if late.ended is ReleaseReason.EXPIRED else "aborted"
         if self.opts.policy == "fixed":
-            log.warning("late transfer-done for req %s from %s: its lease %s %.2f s earlier; "
-                        "the reader may have read reused blocks (no NACK under the fixed "
-                        "policy)", late.req_id, sender, what, late.at - late.ended_at)
+            log.warning(
+                "late transfer-done for req %s from %s: its lease %s %.2f s earlier; "
+                "the reader may have read reused blocks (no NACK under the fixed "
+                "policy)",
+                late.req_id,
+                sender,
+                what,
+                late.at - late.ended_at,
+            )
             return
-        log.warning("late transfer-done for req %s from %s: its lease %s %.2f s earlier; "
-                    "sending a NACK so the reader discards what it read", late.req_id, sender,
-                    what, late.at - late.ended_at)
+        log.warning(
+            "late transfer-done for req %s from %s: its lease %s %.2f s earlier; "
+            "sending a NACK so the reader discards what it read",
+            late.req_id,
+            sender,
+            what,
+            late.at - late.ended_at,
+        )
         if self.backend.send(sender, wire.encode_nack(late.req_id, what)):
             self.nacks_sent += 1
             self.metrics.nacks.inc()
@@ -136,8 +157,12 @@ class PrefillWorker(EngineLoop):
     def _nack_lost(self, req_id: str, sender: str) -> None:
         ended = self.table.ended(req_id)
         what = "aborted" if ended is ReleaseReason.ABORTED else "expired"
-        log.warning("heartbeat from %s names req %s whose lease %s: sending a NACK before "
-                    "it reads", sender, req_id, what)
+        log.warning(
+            "heartbeat from %s names req %s whose lease %s: sending a NACK before it reads",
+            sender,
+            req_id,
+            what,
+        )
         if self.backend.send(sender, wire.encode_nack(req_id, what)):
             self.nacks_sent += 1
             self.metrics.nacks.inc()
@@ -174,8 +199,7 @@ class PrefillWorker(EngineLoop):
         else:  # a NACK is P -> D only
             self.malformed += 1
             self.metrics.malformed.inc()
-            log.warning("dropped a %s from %s: P never receives it", type(msg).__name__,
-                        sender)
+            log.warning("dropped a %s from %s: P never receives it", type(msg).__name__, sender)
 
     def lease_step(self) -> None:
         for sender, payload in self.backend.poll():
@@ -226,8 +250,11 @@ class PrefillWorker(EngineLoop):
             return f"bad req_id: {exc}"
         if req_id in self.table or any(q.req_id == req_id for q in self.queue):
             return f"req {req_id} is already being served"
-        if (not isinstance(prompt, list) or not prompt
-                or not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)):
+        if (
+            not isinstance(prompt, list)
+            or not prompt
+            or not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+        ):
             return "prompt must be a non-empty list of token ids"
         problem = self.backend.check_prompt(prompt)
         if problem is not None:
@@ -252,8 +279,10 @@ class PrefillWorker(EngineLoop):
             except ValueError as exc:  # checked at intake; never let it stop the loop
                 self.backend.free(blocks)
                 log.error("prefill of req %s failed: %s", q.req_id, exc)
-                self.server.reply(q.envelope, {"op": "error", "req_id": q.req_id,
-                                               "error": f"prefill failed: {exc}"})
+                self.server.reply(
+                    q.envelope,
+                    {"op": "error", "req_id": q.req_id, "error": f"prefill failed: {exc}"},
+                )
                 continue
             now = self._clock()
             rel = self.table.grant(q.req_id, now=now, consumers=q.consumers)
@@ -262,36 +291,70 @@ class PrefillWorker(EngineLoop):
             deadline = self.table.deadline(q.req_id)
             if rel is not None:  # a staged abort / transfer-done completed it already
                 self._release(rel)
-                self.server.reply(q.envelope, {"op": "error", "req_id": q.req_id,
-                                               "error": f"lease ended at its grant "
-                                                        f"({rel.reason.value})"})
+                self.server.reply(
+                    q.envelope,
+                    {
+                        "op": "error",
+                        "req_id": q.req_id,
+                        "error": f"lease ended at its grant ({rel.reason.value})",
+                    },
+                )
                 continue
             remaining = 0.0 if deadline is None else deadline - now
-            log.info("granted req %s a %.1f s lease on %d blocks (%d reader%s)", q.req_id,
-                     remaining, len(blocks), q.consumers, "" if q.consumers == 1 else "s")
-            self.server.reply(q.envelope, {
-                "op": "prefilled", "req_id": q.req_id, "engine_id": self.opts.engine_id,
-                "rank": self.opts.rank, "tp": self.opts.tp, "agent": self.agent_name,
-                "host": self.opts.host, "nixl_port": self.backend.nixl_port,
-                "block_ids": blocks, "num_tokens": len(q.prompt), "first_token": first,
-                "layout": self.backend.layout(), "lease_remaining": remaining,
-                "consumers": q.consumers})
+            log.info(
+                "granted req %s a %.1f s lease on %d blocks (%d reader%s)",
+                q.req_id,
+                remaining,
+                len(blocks),
+                q.consumers,
+                "" if q.consumers == 1 else "s",
+            )
+            self.server.reply(
+                q.envelope,
+                {
+                    "op": "prefilled",
+                    "req_id": q.req_id,
+                    "engine_id": self.opts.engine_id,
+                    "rank": self.opts.rank,
+                    "tp": self.opts.tp,
+                    "agent": self.agent_name,
+                    "host": self.opts.host,
+                    "nixl_port": self.backend.nixl_port,
+                    "block_ids": blocks,
+                    "num_tokens": len(q.prompt),
+                    "first_token": first,
+                    "layout": self.backend.layout(),
+                    "lease_remaining": remaining,
+                    "consumers": q.consumers,
+                },
+            )
 
     def pong(self) -> Msg:
-        return {"role": "prefill", "engine_id": self.opts.engine_id, "rank": self.opts.rank,
-                "tp": self.opts.tp}
+        return {
+            "role": "prefill",
+            "engine_id": self.opts.engine_id,
+            "rank": self.opts.rank,
+            "tp": self.opts.tp,
+        }
 
     def stats(self) -> Msg:
         now = self._clock()
-        return {"role": "prefill", "rank": self.opts.rank,
-                "blocks_held": sum(len(b) for b in self.blocks.values()),
-                "blocks_free": self.backend.num_free, "blocks_total": self.opts.num_blocks,
-                "leases_live": len(self.table), "queued": len(self.queue),
-                "since_last_release": (None if self.last_release_at is None
-                                       else now - self.last_release_at),
-                "nacks_sent": self.nacks_sent, "malformed": self.malformed,
-                "heartbeats_received": self.heartbeats_received,
-                "table": stats_dict(self.table.stats)}
+        return {
+            "role": "prefill",
+            "rank": self.opts.rank,
+            "blocks_held": sum(len(b) for b in self.blocks.values()),
+            "blocks_free": self.backend.num_free,
+            "blocks_total": self.opts.num_blocks,
+            "leases_live": len(self.table),
+            "queued": len(self.queue),
+            "since_last_release": (
+                None if self.last_release_at is None else now - self.last_release_at
+            ),
+            "nacks_sent": self.nacks_sent,
+            "malformed": self.malformed,
+            "heartbeats_received": self.heartbeats_received,
+            "table": stats_dict(self.table.stats),
+        }
 
     # -- loop -----------------------------------------------------------------------------
     def step(self, wait_s: float = _IDLE_WAIT_S) -> None:
@@ -309,9 +372,11 @@ class PrefillWorker(EngineLoop):
 
     def describe(self) -> str:
         o = self.opts
-        return (f"prefill rank {o.rank}/{o.tp} of {o.engine_id} serving on {o.host}:"
-                f"{self.server.port} (NIXL {self.backend.nixl_port}, agent {self.agent_name}, "
-                f"policy {o.policy})")
+        return (
+            f"prefill rank {o.rank}/{o.tp} of {o.engine_id} serving on {o.host}:"
+            f"{self.server.port} (NIXL {self.backend.nixl_port}, agent {self.agent_name}, "
+            f"policy {o.policy})"
+        )
 
     def close(self) -> None:
         self.server.close()

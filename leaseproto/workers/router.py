@@ -28,7 +28,7 @@ from typing import Any
 
 import zmq
 
-from .. import wire
+from ..core import wire
 from .loop import EngineLoop
 from .metrics import RouterMetrics
 from .plane import Msg, Peer, Server
@@ -65,8 +65,9 @@ class _Pending:
 class Router(EngineLoop):
     """Routes each request to the prefill engine, then the decode engine."""
 
-    def __init__(self, opts: RouterOptions, *, ctx: zmq.Context[zmq.Socket[bytes]] | None = None
-                 ) -> None:
+    def __init__(
+        self, opts: RouterOptions, *, ctx: zmq.Context[zmq.Socket[bytes]] | None = None
+    ) -> None:
         if not opts.prefill or not opts.decode:
             raise ValueError("the router needs at least one prefill address and a decode address")
         self.opts = opts
@@ -83,8 +84,12 @@ class Router(EngineLoop):
 
     # -- readiness ------------------------------------------------------------------------
     def ready_info(self) -> dict[str, Any]:
-        return {"role": "router", "host": self.opts.host, "port": self.server.port,
-                "metrics_port": self.metrics.port}
+        return {
+            "role": "router",
+            "host": self.opts.host,
+            "port": self.server.port,
+            "metrics_port": self.metrics.port,
+        }
 
     @property
     def ready(self) -> bool:
@@ -117,45 +122,90 @@ class Router(EngineLoop):
         cid = msg.get("id")
         prompt = msg.get("prompt")
         max_tokens = msg.get("max_tokens", 8)
-        if (not isinstance(prompt, list) or not prompt
-                or not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
-                or not isinstance(max_tokens, int) or max_tokens < 1):
+        if (
+            not isinstance(prompt, list)
+            or not prompt
+            or not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+            or not isinstance(max_tokens, int)
+            or max_tokens < 1
+        ):
             self.metrics.malformed.inc()
-            self.server.reply(envelope, {"op": "result", "id": cid, "ok": False, "tokens": [],
-                                         "error": "generate needs a non-empty list of token ids "
-                                                  "and max_tokens >= 1"})
+            self.server.reply(
+                envelope,
+                {
+                    "op": "result",
+                    "id": cid,
+                    "ok": False,
+                    "tokens": [],
+                    "error": "generate needs a non-empty list of token ids and max_tokens >= 1",
+                },
+            )
             return
         if not self.ready:
-            missing = [f"prefill rank {i}" for i in range(len(self.prefill))
-                       if i not in self.info] + (["decode engine"] if -1 not in self.info
-                                                 else [])
-            self.server.reply(envelope, {"op": "result", "id": cid, "ok": False, "tokens": [],
-                                         "error": "not reachable: " + ", ".join(missing)})
+            missing = [
+                f"prefill rank {i}" for i in range(len(self.prefill)) if i not in self.info
+            ] + (["decode engine"] if -1 not in self.info else [])
+            self.server.reply(
+                envelope,
+                {
+                    "op": "result",
+                    "id": cid,
+                    "ok": False,
+                    "tokens": [],
+                    "error": "not reachable: " + ", ".join(missing),
+                },
+            )
             return
         base = str(cid) if cid is not None else "req"
         req_id = f"{base}-{secrets.token_hex(4)}"
         try:
             wire.check_id(req_id)
         except ValueError as exc:
-            self.server.reply(envelope, {"op": "result", "id": cid, "ok": False, "tokens": [],
-                                         "error": f"bad request id: {exc}"})
+            self.server.reply(
+                envelope,
+                {
+                    "op": "result",
+                    "id": cid,
+                    "ok": False,
+                    "tokens": [],
+                    "error": f"bad request id: {exc}",
+                },
+            )
             return
         self.pending[req_id] = _Pending(envelope, cid, req_id, prompt, max_tokens, now)
         self.metrics.in_flight.set(len(self.pending))
         p = self.pending[req_id]
         for i, peer in enumerate(self.prefill):
-            if not peer.send({"op": "prefill", "req_id": req_id, "prompt": prompt,
-                              "d_tp": self.d_tp}):
+            if not peer.send(
+                {"op": "prefill", "req_id": req_id, "prompt": prompt, "d_tp": self.d_tp}
+            ):
                 self._abort_prefill(p)
                 self._finish(p, now, ok=False, error=f"prefill rank {i} is not taking requests")
                 return
 
-    def _finish(self, p: _Pending, now: float, *, ok: bool, tokens: Sequence[int] = (),
-                error: str | None = None, recomputed: bool = False) -> None:
+    def _finish(
+        self,
+        p: _Pending,
+        now: float,
+        *,
+        ok: bool,
+        tokens: Sequence[int] = (),
+        error: str | None = None,
+        recomputed: bool = False,
+    ) -> None:
         self.pending.pop(p.req_id, None)
-        self.server.reply(p.envelope, {"op": "result", "id": p.client_id, "req_id": p.req_id,
-                                       "ok": ok, "tokens": list(tokens), "error": error,
-                                       "recomputed": recomputed})
+        self.server.reply(
+            p.envelope,
+            {
+                "op": "result",
+                "id": p.client_id,
+                "req_id": p.req_id,
+                "ok": ok,
+                "tokens": list(tokens),
+                "error": error,
+                "recomputed": recomputed,
+            },
+        )
         self.metrics.requests.labels(outcome="ok" if ok else "error").inc()
         self.metrics.latency.observe(now - p.started)
         self.metrics.in_flight.set(len(self.pending))
@@ -167,16 +217,21 @@ class Router(EngineLoop):
         op = msg["op"]
         if op == "pong":
             self.info[index] = msg
-            log.info("prefill rank %d ready: engine %s, tp %s", index, msg.get("engine_id"),
-                     msg.get("tp"))
+            log.info(
+                "prefill rank %d ready: engine %s, tp %s",
+                index,
+                msg.get("engine_id"),
+                msg.get("tp"),
+            )
             return
         p = self.pending.get(str(msg.get("req_id")))
         if p is None or p.stage != "prefill":
             return  # an answer for a request that already failed
         if op != "prefilled":
             self._abort_prefill(p, except_rank=index)
-            self._finish(p, now, ok=False,
-                         error=f"prefill rank {index} failed: {msg.get('error', op)}")
+            self._finish(
+                p, now, ok=False, error=f"prefill rank {index} failed: {msg.get('error', op)}"
+            )
             return
         p.ranks[index] = msg
         if len(p.ranks) < len(self.prefill):
@@ -191,11 +246,20 @@ class Router(EngineLoop):
             r["lease_remaining"] = float(r.get("lease_remaining", 0.0)) - (now - r["_recv_at"])
             r.pop("_recv_at", None)
             ranks.append(r)
-        sent = self.decode.send({"op": "decode", "req_id": p.req_id, "prompt": p.prompt,
-                                 "max_tokens": p.max_tokens,
-                                 "params": {"remote_req_id": p.req_id,
-                                            "engine_id": ranks[0]["engine_id"],
-                                            "p_tp": len(ranks), "ranks": ranks}})
+        sent = self.decode.send(
+            {
+                "op": "decode",
+                "req_id": p.req_id,
+                "prompt": p.prompt,
+                "max_tokens": p.max_tokens,
+                "params": {
+                    "remote_req_id": p.req_id,
+                    "engine_id": ranks[0]["engine_id"],
+                    "p_tp": len(ranks),
+                    "ranks": ranks,
+                },
+            }
+        )
         if not sent:  # D will never read it: free P's blocks now rather than at expiry
             self._abort_prefill(p)
             self._finish(p, now, ok=False, error="the decode engine is not taking requests")
@@ -215,8 +279,14 @@ class Router(EngineLoop):
         if p is None or p.stage != "decode":
             return
         if op == "decoded":
-            self._finish(p, now, ok=bool(msg.get("ok")), tokens=msg.get("tokens") or [],
-                         error=msg.get("error"), recomputed=bool(msg.get("recomputed")))
+            self._finish(
+                p,
+                now,
+                ok=bool(msg.get("ok")),
+                tokens=msg.get("tokens") or [],
+                error=msg.get("error"),
+                recomputed=bool(msg.get("recomputed")),
+            )
         else:
             self._finish(p, now, ok=False, error=f"decode failed: {msg.get('error', op)}")
 
@@ -239,8 +309,9 @@ class Router(EngineLoop):
             if now - p.started > limit:
                 if p.stage == "prefill":
                     self._abort_prefill(p)
-                self._finish(p, now, ok=False, error=f"no answer within {limit:g} s "
-                                                     f"(stage {p.stage})")
+                self._finish(
+                    p, now, ok=False, error=f"no answer within {limit:g} s (stage {p.stage})"
+                )
 
     # -- loop -----------------------------------------------------------------------------
     def step(self, timeout_ms: int = 50) -> None:
@@ -280,8 +351,10 @@ class Router(EngineLoop):
         return {"role": "router", "in_flight": len(self.pending)}
 
     def describe(self) -> str:
-        return (f"router listening on {self.opts.host}:{self.server.port} (prefill "
-                f"{list(self.opts.prefill)}, decode {self.opts.decode})")
+        return (
+            f"router listening on {self.opts.host}:{self.server.port} (prefill "
+            f"{list(self.opts.prefill)}, decode {self.opts.decode})"
+        )
 
     def close(self) -> None:
         for peer in (*self.prefill, self.decode):

@@ -4,8 +4,8 @@ Theory of operation
 -------------------
 Rule 1: everything that decides *which state* a lease moves to lives in this
 file, as the table :data:`TRANSITIONS`. Rule 2: what happens to the lease's
-numbers (deadline, notification count) lives in :mod:`leaseproto._rules`,
-written with :mod:`leaseproto._sym` so ``proofs/`` evaluates the very same
+numbers (deadline, notification count) lives in :mod:`leaseproto.core.rules`,
+written with :mod:`leaseproto.core.sym` so ``proofs/`` evaluates the very same
 functions on z3 terms.
 
 A lease starts ``ABSENT`` (no grant yet: P has not finished prefill, or D's
@@ -101,14 +101,12 @@ TRANSITIONS: dict[tuple[LeaseState, Input], Transition] = {
     (_S.ABSENT, _I.TIMER_EXPIRE): Transition(_S.ABSENT, _G.ALWAYS, "nothing"),
     # -- live ------------------------------------------------------------------------
     (_S.GRANTED, _I.RECV_HEARTBEAT): Transition(_S.GRANTED, _G.LIVE, "renew"),
-    (_S.GRANTED, _I.RECV_TRANSFER_DONE): Transition(_S.TRANSFERRED, _G.LAST_CONSUMER,
-                                                    "release"),
+    (_S.GRANTED, _I.RECV_TRANSFER_DONE): Transition(_S.TRANSFERRED, _G.LAST_CONSUMER, "release"),
     (_S.GRANTED, _I.RECV_ABORT): Transition(_S.ABORTED, _G.ALWAYS, "release"),
     (_S.GRANTED, _I.TIMER_EXPIRE): Transition(_S.EXPIRED, _G.DUE, "release"),
     # -- ended: absorbing; late messages are counted ---------------------------------
     (_S.TRANSFERRED, _I.RECV_HEARTBEAT): Transition(_S.TRANSFERRED, _G.ALWAYS, "count late"),
-    (_S.TRANSFERRED, _I.RECV_TRANSFER_DONE): Transition(_S.TRANSFERRED, _G.ALWAYS,
-                                                        "count excess"),
+    (_S.TRANSFERRED, _I.RECV_TRANSFER_DONE): Transition(_S.TRANSFERRED, _G.ALWAYS, "count excess"),
     (_S.TRANSFERRED, _I.RECV_ABORT): Transition(_S.TRANSFERRED, _G.ALWAYS, "count late"),
     (_S.TRANSFERRED, _I.TIMER_EXPIRE): Transition(_S.TRANSFERRED, _G.ALWAYS, "nothing"),
     (_S.EXPIRED, _I.RECV_HEARTBEAT): Transition(_S.EXPIRED, _G.ALWAYS, "count late"),

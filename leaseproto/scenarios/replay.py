@@ -2,7 +2,7 @@
 
 It drives the real :class:`~leaseproto.LeaseTable` (one per P rank), the real
 :class:`~leaseproto.HeartbeatTracker` (D) and :mod:`leaseproto.wire` through a
-scenario (:mod:`leaseproto._scenario`) on one virtual timeline, and records what
+scenario (:mod:`leaseproto.scenarios.format`) on one virtual timeline, and records what
 they do as :class:`Event` values. Owns no clock: ``t`` comes from the file,
 and each side's ``now`` is its clock's reading at ``t`` (``offset + rate * t``).
 
@@ -16,130 +16,20 @@ step does). D's heartbeats leave in ``d_step`` and arrive ``delay`` later.
 from __future__ import annotations
 
 import heapq
-import itertools
-from dataclasses import dataclass, field
-from typing import Any
 
-from . import wire
-from ._errors import LocalProtocolError
-from ._events import LateTransfer, Release
-from ._scenario import Engine, Op, Scenario, ScenarioError, parse_scenario
-from ._table import LeaseTable, TableStats
-from ._tracker import HeartbeatTracker
+from ..core import wire
+from ..core.errors import LocalProtocolError
+from ..core.events import LateTransfer, Release
+from ..core.table import TableStats
+from ..core.tracker import HeartbeatTracker
+from .expect import check
+from .format import Op, Scenario, ScenarioError, parse_scenario
+from .world import TOL, Event, Rank, ReplayResult, World, fmt, show
 
 __all__ = ["Event", "ReplayResult", "replay", "replay_text"]
 
-_TOL = 1e-9
 
-
-@dataclass(frozen=True, slots=True)
-class Event:
-    """One thing the reference implementation did."""
-
-    t: float
-    where: str
-    kind: str
-    text: str
-    line: int = 0
-    data: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(slots=True)
-class ReplayResult:
-    name: str
-    events: list[Event]
-    expects_ok: int = 0
-    expects_failed: int = 0
-    #: the line that stopped the replay (misuse such as granting a live id)
-    error: ScenarioError | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None and self.expects_failed == 0
-
-
-class _Rank:
-    def __init__(self, name: str, engine: Engine, table: LeaseTable) -> None:
-        self.name = name
-        self.engine = engine
-        self.table = table
-        self.inbox: list[tuple[bytes, float, int]] = []  # payload, sent at, line
-        self.releases: dict[str, tuple[str, float]] = {}
-        self.nacks: list[str] = []
-        self.malformed = 0
-
-
-def _f(x: float | None) -> str:
-    return "none" if x is None else f"{x:.3f}"
-
-
-def _show(payload: bytes) -> str:
-    text = payload.decode("utf-8", errors="backslashreplace")
-    return text if len(text) <= 72 else f"{text[:60]}... ({len(payload)} bytes)"
-
-
-class _Replay:
-    def __init__(self, scenario: Scenario) -> None:
-        h = scenario.header
-        self.h = h
-        self.cfg = h.config
-        self.clock = {side: (rate, off) for side, rate, off in h.clocks}
-        self.ranks: dict[str, list[_Rank]] = {}
-        for e in h.engines:
-            self.ranks[e.name] = [
-                _Rank(e.name if e.tp == 1 else f"{e.name}/{i}", e, LeaseTable(self.cfg))
-                for i in range(e.tp)]
-        self.engines = {e.name: e for e in h.engines}
-        self.tracker: HeartbeatTracker | None = HeartbeatTracker(self.cfg)
-        self.crashed_at = 0
-        self.connected: set[str] = set()
-        self.handshake_done: dict[str, float] = {}
-        self.events: list[Event] = []
-        self.result = ReplayResult(h.name, self.events)
-        self.queue: list[tuple[float, int, int, int, Any]] = []  # t, prio, line, seq, item
-        self.seq = itertools.count()
-        for op in scenario.ops:
-            self._push(op.t, 1, op.line, (op, 0))
-        self.t = 0.0
-        self.line = 0
-
-    # -- helpers --------------------------------------------------------------------------
-    def _push(self, t: float, prio: int, order: int, item: Any) -> None:
-        heapq.heappush(self.queue, (t, prio, order, next(self.seq), item))
-
-    def _now(self, side: str) -> float:
-        rate, off = self.clock[side]
-        return off + rate * self.t
-
-    def _emit(self, where: str, kind: str, text: str, **data: Any) -> None:
-        if where.startswith("P") and self.clock["P"] != (1.0, 0.0) and where in self._names():
-            text += f"  [P clock {self._now('P'):.3f}]"
-        self.events.append(Event(self.t, where, kind, text, self.line, data))
-
-    def _names(self) -> set[str]:
-        return {r.name for rs in self.ranks.values() for r in rs}
-
-    def _select(self, engine: str | None, rank: int | None) -> list[_Rank]:
-        if engine is None:
-            return [r for rs in self.ranks.values() for r in rs]
-        rs = self.ranks[engine]
-        return rs if rank is None else [rs[rank]]
-
-    def _d(self) -> HeartbeatTracker:
-        if self.tracker is None:
-            raise ScenarioError(self.line, f"D is down (crashed at line {self.crashed_at}); "
-                                           "add a d_restart line first")
-        return self.tracker
-
-    def _release(self, rank: _Rank, rel: Release, how: str = "") -> None:
-        rank.releases[rel.req_id] = (rel.reason.value, rel.at)
-        self._emit(rank.name, "release",
-                   f"release {rel.req_id}: {rel.reason.value}{how} (granted {_f(rel.granted_at)}, "
-                   f"deadline {_f(rel.deadline)}, last renewal {_f(rel.last_renewal)})",
-                   id=rel.req_id, reason=rel.reason.value, at=rel.at,
-                   granted_at=rel.granted_at, deadline=rel.deadline,
-                   last_renewal=rel.last_renewal)
-
+class _Replay(World):
     # -- run ------------------------------------------------------------------------------
     def run(self) -> ReplayResult:
         while self.queue:
@@ -154,7 +44,7 @@ class _Replay:
             self.line = op.line
             if "every" in op.args:
                 nxt = op.t + (k + 1) * op.args["every"]
-                if nxt <= op.args["until"] + _TOL:
+                if nxt <= op.args["until"] + TOL:
                     self._push(nxt, 1, op.line, (op, k + 1))
             try:
                 getattr(self, "_op_" + op.op)(op)
@@ -172,36 +62,41 @@ class _Replay:
             for r in rs:
                 s = r.table.stats
                 left = len(r.inbox)
-                self._emit(r.name, "end",
-                           f"end: live [{', '.join(r.table.live())}]; released "
-                           f"{s.released_transferred} transferred, {s.released_expired} expired, "
-                           f"{s.released_aborted} aborted; nacks {len(r.nacks)}"
-                           + (f"; {left} message(s) never handled (no later p_step)"
-                              if left else ""),
-                           live=r.table.live(), unhandled=left)
+                self._emit(
+                    r.name,
+                    "end",
+                    f"end: live [{', '.join(r.table.live())}]; released "
+                    f"{s.released_transferred} transferred, {s.released_expired} expired, "
+                    f"{s.released_aborted} aborted; nacks {len(r.nacks)}"
+                    + (f"; {left} message(s) never handled (no later p_step)" if left else ""),
+                    live=r.table.live(),
+                    unhandled=left,
+                )
         if self.tracker is not None:
-            self._emit("D", "end", f"end: tracking [{', '.join(self._tracked())}]",
-                       tracked=self._tracked())
-        self._emit("-", "end", f"expects: {self.result.expects_ok} ok, "
-                               f"{self.result.expects_failed} failed")
-
-    def _tracked(self) -> list[str]:
-        tr = self.tracker
-        if tr is None:
-            return []
-        return sorted(rid for e in tr.engines() for rid in tr.requests(e))
+            self._emit(
+                "D", "end", f"end: tracking [{', '.join(self.tracked())}]", tracked=self.tracked()
+            )
+        self._emit(
+            "-", "end", f"expects: {self.result.expects_ok} ok, {self.result.expects_failed} failed"
+        )
 
     # -- P --------------------------------------------------------------------------------
     def _op_grant(self, op: Op) -> None:
         a = op.args
         for r in self._select(a["engine"], a.get("rank")):
-            rel = r.table.grant(a["id"], now=self._now("P"), consumers=a.get("consumers", 1),
-                                ttl=a.get("ttl"))
+            rel = r.table.grant(
+                a["id"], now=self._now("P"), consumers=a.get("consumers", 1), ttl=a.get("ttl")
+            )
             info = r.table.lease_info(a["id"])
             deadline = info["deadline"] if info else rel.deadline if rel else None
             extra = f", consumers {a['consumers']}" if a.get("consumers", 1) != 1 else ""
-            self._emit(r.name, "grant", f"grant {a['id']}: deadline {_f(deadline)}{extra}",
-                       id=a["id"], deadline=deadline)
+            self._emit(
+                r.name,
+                "grant",
+                f"grant {a['id']}: deadline {fmt(deadline)}{extra}",
+                id=a["id"],
+                deadline=deadline,
+            )
             if rel is not None:
                 self._release(r, rel, " at grant (staged early notification applied)")
 
@@ -220,19 +115,22 @@ class _Replay:
                 self._release(r, rel)
             dropped = r.table.stats.early_dropped - dropped
             if dropped:
-                self._emit(r.name, "staging", f"forgot {dropped} staged early "
-                                              "notification(s) (staging_ttl)")
+                self._emit(
+                    r.name,
+                    "staging",
+                    f"forgot {dropped} staged early notification(s) (staging_ttl)",
+                )
 
-    def _handle(self, r: _Rank, payload: bytes, sent: float) -> None:
+    def _handle(self, r: Rank, payload: bytes, sent: float) -> None:
         now = self._now("P")
         tab = r.table
         try:
             msg = wire.decode(payload)
         except wire.MalformedMessage as exc:
             r.malformed += 1
-            self._emit(r.name, "malformed", f"recv {_show(payload)!s}: malformed, dropped ({exc})")
+            self._emit(r.name, "malformed", f"recv {show(payload)!s}: malformed, dropped ({exc})")
             return
-        head = f"recv {_show(payload)} (sent {_f(sent)})"
+        head = f"recv {show(payload)} (sent {fmt(sent)})"
         if isinstance(msg, wire.Heartbeat):
             outcomes: dict[str, list[str]] = {}  # what happened -> ids, in order
             for rid in msg.ids:
@@ -240,8 +138,11 @@ class _Replay:
                 before = tab.stats
                 if tab.renew([rid], now=now):
                     new = tab.deadline(rid)
-                    what = (f"renewed {_f(old)}->{_f(new)}" if new != old
-                            else f"renewed, deadline stays {_f(new)}")
+                    what = (
+                        f"renewed {fmt(old)}->{fmt(new)}"
+                        if new != old
+                        else f"renewed, deadline stays {fmt(new)}"
+                    )
                 else:
                     what = _ignored(before, tab.stats)
                 outcomes.setdefault(what, []).append(rid)
@@ -255,10 +156,15 @@ class _Replay:
             elif isinstance(res, LateTransfer):
                 nack = wire.encode_nack(res.req_id, res.ended.value)
                 r.nacks.append(res.req_id)
-                self._emit(r.name, "late_transfer",
-                           f"{head}: LATE, lease {res.ended.value} at {_f(res.ended_at)}: "
-                           f"the reader may have read reused blocks; send {nack.decode()} to D",
-                           id=res.req_id, ended=res.ended.value, nack=nack.decode())
+                self._emit(
+                    r.name,
+                    "late_transfer",
+                    f"{head}: LATE, lease {res.ended.value} at {fmt(res.ended_at)}: "
+                    f"the reader may have read reused blocks; send {nack.decode()} to D",
+                    id=res.req_id,
+                    ended=res.ended.value,
+                    nack=nack.decode(),
+                )
             else:
                 info = tab.lease_info(msg.req_id)
                 if info is not None:
@@ -275,19 +181,22 @@ class _Replay:
                 self._release(r, rel)
             else:
                 ended = tab.ended(msg.req_id)
-                what = (f"late (lease already {ended.value}), ignored" if ended is not None
-                        else "early: not granted yet, staged")
+                what = (
+                    f"late (lease already {ended.value}), ignored"
+                    if ended is not None
+                    else "early: not granted yet, staged"
+                )
                 self._emit(r.name, "abort", f"{head}: {what}", id=msg.req_id)
         else:
-            self._emit(r.name, "unexpected", f"{head}: a nack is P's message, never D's; "
-                                             "dropped")
+            self._emit(r.name, "unexpected", f"{head}: a nack is P's message, never D's; dropped")
 
     # -- D --------------------------------------------------------------------------------
     def _op_track(self, op: Op) -> None:
         a = op.args
         eng = a["engine"]
-        self._d().track(a["id"], engine_id=eng, remote_req_id=a.get("remote_id"),
-                        now=self._now("D"))
+        self._d().track(
+            a["id"], engine_id=eng, remote_req_id=a.get("remote_id"), now=self._now("D")
+        )
         rid = a.get("remote_id", a["id"])
         self._emit("D", "track", f"track {a['id']} (P's id {rid}) on {eng}", id=a["id"])
         if eng not in self.connected and eng not in self.handshake_done:
@@ -296,23 +205,28 @@ class _Replay:
                 self.connected.add(eng)
             else:
                 self.handshake_done[eng] = self.t + k
-                self._emit("D", "handshake", f"handshake with {eng} started, done at "
-                                             f"{_f(self.t + k)}", engine=eng)
+                self._emit(
+                    "D",
+                    "handshake",
+                    f"handshake with {eng} started, done at {fmt(self.t + k)}",
+                    engine=eng,
+                )
 
     def _op_untrack(self, op: Op) -> None:
         d = self._d()
         rid = op.args["id"]
         known = rid in d
         d.untrack(rid)
-        self._emit("D", "untrack", f"untrack {rid}" + ("" if known else ": not tracked, no-op"),
-                   id=rid)
+        self._emit(
+            "D", "untrack", f"untrack {rid}" + ("" if known else ": not tracked, no-op"), id=rid
+        )
 
     def _op_d_step(self, op: Op) -> None:
         if self.tracker is None and "every" in op.args:
             return  # a periodic d_step ends when D crashes
         d = self._d()
         for eng, at in list(self.handshake_done.items()):
-            if at <= self.t + _TOL:
+            if at <= self.t + TOL:
                 del self.handshake_done[eng]
                 self.connected.add(eng)
         pending = set(self.handshake_done)
@@ -320,8 +234,12 @@ class _Replay:
         due = d.due(now=self._now("D"), pending=pending)
         if d.stats.deferred > deferred:
             late = sorted(e for e in pending if e in d.engines())
-            self._emit("D", "deferred", f"heartbeat to {', '.join(late)} deferred: handshake "
-                                        "pending (the engine keeps its turn)")
+            self._emit(
+                "D",
+                "deferred",
+                f"heartbeat to {', '.join(late)} deferred: handshake "
+                "pending (the engine keeps its turn)",
+            )
         for eng, ids in due.items():
             for payload in wire.encode_heartbeat(ids, max_bytes=self.cfg.max_notification_bytes):
                 self._send(op, eng, None, payload, "heartbeat")
@@ -332,12 +250,17 @@ class _Replay:
         dest = eng if rank is None else ranks[0].name
         if op.args.get("deliver", True):
             self._push(self.t + delay, 0, 0, (ranks, payload, self.t, op.line))
-            fate = f"arrives {_f(self.t + delay)}"
+            fate = f"arrives {fmt(self.t + delay)}"
         else:
             fate = "LOST"
-        self._emit("D", kind, f"send {_show(payload)} to {dest}: {fate}",
-                   engine=eng, payload=payload.decode("utf-8", "backslashreplace"),
-                   lost=not op.args.get("deliver", True))
+        self._emit(
+            "D",
+            kind,
+            f"send {show(payload)} to {dest}: {fate}",
+            engine=eng,
+            payload=payload.decode("utf-8", "backslashreplace"),
+            lost=not op.args.get("deliver", True),
+        )
 
     def _op_send(self, op: Op) -> None:
         self._d()
@@ -355,8 +278,9 @@ class _Replay:
         lost = self._d().drop_engine(eng)
         self.connected.discard(eng)
         self.handshake_done.pop(eng, None)
-        self._emit("D", "drop_engine", f"drop engine {eng}: fail over [{', '.join(lost)}]",
-                   ids=lost)
+        self._emit(
+            "D", "drop_engine", f"drop engine {eng}: fail over [{', '.join(lost)}]", ids=lost
+        )
 
     def _op_d_crash(self, op: Op) -> None:
         n = len(self._d())
@@ -364,8 +288,12 @@ class _Replay:
         self.crashed_at = op.line
         self.connected.clear()
         self.handshake_done.clear()
-        self._emit("D", "crash", f"D crashes: {n} tracked request(s) lost, no more heartbeats "
-                                 "(messages already sent still arrive)")
+        self._emit(
+            "D",
+            "crash",
+            f"D crashes: {n} tracked request(s) lost, no more heartbeats "
+            "(messages already sent still arrive)",
+        )
 
     def _op_d_restart(self, op: Op) -> None:
         if self.tracker is not None:
@@ -378,7 +306,6 @@ class _Replay:
         self._emit("-", "note", f"# {op.args['text']}")
 
     def _op_expect(self, op: Op) -> None:
-        from ._replay_expect import check  # noqa: PLC0415 - keeps this module small
         failures = check(self, op)
         checked = ", ".join(k for k in op.args if k != "where")
         if failures:

@@ -5,8 +5,8 @@ runtime (:mod:`._table`, :mod:`._tracker`, :mod:`._clock`) calls them on
 floats; ``proofs/`` calls the *same functions* on z3 terms. They are written
 with :mod:`._sym` (``ite``, ``vmax``, ``vmin``, ``conj``) and plain arithmetic
 and comparisons, which both kinds of value support. States are the integer
-values of :class:`~leaseproto._state.LeaseState`; the discrete part of every
-rule is read from :data:`~leaseproto._state.TRANSITIONS`.
+values of :class:`~leaseproto.core.state.LeaseState`; the discrete part of every
+rule is read from :data:`~leaseproto.core.state.TRANSITIONS`.
 
 Keep these functions free of Python control flow on their arguments: an ``if``
 on a symbolic value would silently pick one branch in the proofs.
@@ -14,8 +14,8 @@ on a symbolic value would silently pick one branch in the proofs.
 
 from __future__ import annotations
 
-from ._state import TRANSITIONS, Guard, Input, LeaseState
-from ._sym import conj, ite, vmax, vmin
+from .state import TRANSITIONS, Guard, Input, LeaseState
+from .sym import conj, ite, vmax, vmin
 
 __all__ = [
     "ABORTED",
@@ -79,8 +79,7 @@ def grant_deadline(now: N, ttl: N) -> N:
 
 
 # -- renew (spec §8.2; I1 monotone, I2 no revival, I7 cap) --------------------------------
-def renew_rule(state: int, deadline: N, cap_at: N | None, now: N,
-               extension: N) -> tuple[bool, N]:
+def renew_rule(state: int, deadline: N, cap_at: N | None, now: N, extension: N) -> tuple[bool, N]:
     """One heartbeat naming a lease: ``(applies, deadline')``.
 
     It applies only to a granted lease that is still live (``now < deadline``),

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Union
 
-from ._errors import RemoteProtocolError
+from .errors import RemoteProtocolError
 
 __all__ = [
     "ABORT_PREFIX",
@@ -153,8 +153,9 @@ def encode_heartbeat(ids: Iterable[str], *, max_bytes: int = 4096) -> list[bytes
         raw = check_id(rid)
         seen.add(rid)
         if len(raw) > room:
-            raise ValueError(f"request id of {len(raw)} bytes does not fit in a "
-                             f"{max_bytes}-byte heartbeat")
+            raise ValueError(
+                f"request id of {len(raw)} bytes does not fit in a {max_bytes}-byte heartbeat"
+            )
         extra = len(raw) + (1 if parts else 0)
         if size + extra > room:
             out.append(HEARTBEAT_PREFIX + b",".join(parts))
@@ -218,12 +219,12 @@ def decode(msg: bytes) -> Message:
     except UnicodeDecodeError as exc:
         raise MalformedMessage(f"notification is not UTF-8: {data[:64]!r}") from exc
     if data.startswith(HEARTBEAT_PREFIX):
-        body = text[len(HEARTBEAT_PREFIX):]
+        body = text[len(HEARTBEAT_PREFIX) :]
         return Heartbeat(tuple(_valid_id(part, data) for part in body.split(",")))
     if data.startswith(ABORT_PREFIX):
-        return Abort(_valid_id(text[len(ABORT_PREFIX):], data))
+        return Abort(_valid_id(text[len(ABORT_PREFIX) :], data))
     if data.startswith(NACK_PREFIX):
-        reason, sep, rid = text[len(NACK_PREFIX):].partition(":")
+        reason, sep, rid = text[len(NACK_PREFIX) :].partition(":")
         if not sep or reason not in NACK_REASONS:
             raise MalformedMessage(f"bad nack {data[:64]!r}")
         return Nack(_valid_id(rid, data), reason)

@@ -4,19 +4,15 @@ implementation did so far with what the scenario's author worked out (spec §12)
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ._scenario import Op, ScenarioError
-
-if TYPE_CHECKING:
-    from ._replay import _Rank, _Replay
+from .format import Op, ScenarioError
+from .world import TOL, Rank, World
 
 __all__ = ["check"]
 
-_TOL = 1e-9
 
-
-def _ranks(rp: _Replay, where: str | None, line: int) -> list[_Rank]:
+def _ranks(rp: World, where: str | None, line: int) -> list[Rank]:
     if where is None:
         return [r for rs in rp.ranks.values() for r in rs]
     if where in rp.ranks:
@@ -31,10 +27,10 @@ def _ranks(rp: _Replay, where: str | None, line: int) -> list[_Rank]:
 def _close(a: float | None, b: float | None) -> bool:
     if a is None or b is None:
         return a is b
-    return abs(a - b) <= _TOL * max(1.0, abs(a), abs(b))
+    return abs(a - b) <= TOL * max(1.0, abs(a), abs(b))
 
 
-def check(rp: _Replay, op: Op) -> list[str]:
+def check(rp: World, op: Op) -> list[str]:
     """What does not hold, one sentence each (empty: all holds).
 
     Raises:
@@ -55,23 +51,21 @@ def check(rp: _Replay, op: Op) -> list[str]:
             elif got[0] != reason:
                 bad.append(f"{rid} released on {r.name} as {got[0]}, expected {reason}")
             elif isinstance(want, dict) and "at" in want and not _close(got[1], want["at"]):
-                bad.append(f"{rid} released on {r.name} at {got[1]:.6g}, expected "
-                           f"{want['at']:.6g}")
+                bad.append(f"{rid} released on {r.name} at {got[1]:.6g}, expected {want['at']:.6g}")
         for rid, want in a.get("deadline", {}).items():
             got_d = tab.deadline(rid)
             if not _close(got_d, want):
                 bad.append(f"deadline of {rid} on {r.name} is {got_d}, expected {want}")
         if "nacked" in a and sorted(r.nacks) != sorted(a["nacked"]):
-            bad.append(f"nacks from {r.name} are {sorted(r.nacks)}, expected "
-                       f"{sorted(a['nacked'])}")
+            bad.append(f"nacks from {r.name} are {sorted(r.nacks)}, expected {sorted(a['nacked'])}")
     if "p_stats" in a:
         totals: dict[str, Any] = {}
         for r in ranks:
             for k, v in {**asdict(r.table.stats), "malformed": r.malformed}.items():
                 totals[k] = totals.get(k, 0) + v
         bad.extend(_stats("p_stats", totals, a["p_stats"], op.line))
-    if "tracked" in a and rp._tracked() != sorted(a["tracked"]):
-        bad.append(f"D tracks {rp._tracked()}, expected {sorted(a['tracked'])}")
+    if "tracked" in a and rp.tracked() != sorted(a["tracked"]):
+        bad.append(f"D tracks {rp.tracked()}, expected {sorted(a['tracked'])}")
     if "d_stats" in a:
         have = {} if rp.tracker is None else asdict(rp.tracker.stats)
         if rp.tracker is None:
@@ -84,6 +78,7 @@ def check(rp: _Replay, op: Op) -> list[str]:
 def _stats(name: str, have: dict[str, Any], want: dict[str, int], line: int) -> list[str]:
     unknown = sorted(set(want) - set(have))
     if unknown:
-        raise ScenarioError(line, f"expect: unknown {name} counter(s) {unknown}; "
-                                  f"known: {sorted(have)}")
+        raise ScenarioError(
+            line, f"expect: unknown {name} counter(s) {unknown}; known: {sorted(have)}"
+        )
     return [f"{name}.{k} is {have[k]}, expected {v}" for k, v in want.items() if have[k] != v]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from . import _rules as R
+from . import rules as R
 
 __all__ = ["ClockOffset"]
 

@@ -1,8 +1,8 @@
 """State diagrams for ``spec/``, generated from the tables the code runs.
 
 The prefill-side diagram and table are drawn from
-:data:`leaseproto._state.TRANSITIONS` (spec §6.2), so the picture a designer
-reads is the table :mod:`leaseproto._rules` evaluates. The decode side has no
+:data:`leaseproto.core.state.TRANSITIONS` (spec §6.2), so the picture a designer
+reads is the table :mod:`leaseproto.core.rules` evaluates. The decode side has no
 transition table of its own (:class:`~leaseproto.HeartbeatTracker` keeps plain
 maps), so its diagram is drawn from :data:`TRACKER_EDGES`, a description that
 ``tests/test_spec.py`` checks edge by edge against the tracker (spec §7.2).
@@ -17,7 +17,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from ._state import TRANSITIONS, Guard, Input, LeaseState, Transition
+from ..core.state import TRANSITIONS, Guard, Input, LeaseState, Transition
 
 __all__ = [
     "BLOCKS",
@@ -74,8 +74,7 @@ def _layers(table: Table) -> list[list[LeaseState]] | None:
     for state in LeaseState:
         layers[depth[state]].append(state)
     for i in range(len(layers) - 1):
-        sources = {src for (src, _), t in table.items()
-                   if t.target != src and depth[src] == i}
+        sources = {src for (src, _), t in table.items() if t.target != src and depth[src] == i}
         if len(sources) != 1:
             return None
     return layers
@@ -97,9 +96,12 @@ def lease_ascii(table: Table = TRANSITIONS) -> str:
     edges = [(src, inp, t) for (src, inp), t in _rows(table) if t.target != src]
     out: list[str] = []
     if layers is None:  # not a layered fan-out: list the edges instead
-        out.extend(f"{src.name} --{inp.value}"
-                   f"{'' if t.guard is Guard.ALWAYS else ' [' + t.guard.value + ']'}"
-                   f" / {t.effect}--> {t.target.name}" for src, inp, t in edges)
+        out.extend(
+            f"{src.name} --{inp.value}"
+            f"{'' if t.guard is Guard.ALWAYS else ' [' + t.guard.value + ']'}"
+            f" / {t.effect}--> {t.target.name}"
+            for src, inp, t in edges
+        )
     else:
         out.extend(_draw_layers(layers, edges))
     out.append("")
@@ -123,8 +125,9 @@ def lease_ascii(table: Table = TRANSITIONS) -> str:
     return "\n".join(line.rstrip() for line in out) + "\n"
 
 
-def _draw_layers(layers: list[list[LeaseState]],
-                 edges: list[tuple[LeaseState, Input, Transition]]) -> list[str]:
+def _draw_layers(
+    layers: list[list[LeaseState]], edges: list[tuple[LeaseState, Input, Transition]]
+) -> list[str]:
     labels: dict[LeaseState, list[str]] = {}
     for _, inp, t in edges:  # several inputs to one target: stack their labels
         labels.setdefault(t.target, []).extend(_label(inp, t))
@@ -175,8 +178,7 @@ def _draw_layers(layers: list[list[LeaseState]],
 
 def lease_table_markdown(table: Table = TRANSITIONS) -> str:
     """Every row of the table, by state then input, as a Markdown table."""
-    rows = ["| state | input | guard | next state | effect |",
-            "|---|---|---|---|---|"]
+    rows = ["| state | input | guard | next state | effect |", "|---|---|---|---|---|"]
     for (src, inp), t in _rows(table):
         guard = "always" if t.guard is Guard.ALWAYS else f"`{t.guard.value}`"
         rows.append(f"| {src.name} | `{inp.value}` | {guard} | {t.target.name} | {t.effect} |")
@@ -192,8 +194,13 @@ def lease_mermaid(table: Table = TRANSITIONS) -> str:
         guard = "" if t.guard is Guard.ALWAYS else f" [{t.guard.value}]"
         out.append(f"    {src.name} --> {t.target.name}: {inp.value}{guard}")
     for state in LeaseState:
-        if all(table.get((state, i), Transition(state, Guard.ALWAYS, "")).target == state
-               for i in Input) and state is not LeaseState.ABSENT:
+        if (
+            all(
+                table.get((state, i), Transition(state, Guard.ALWAYS, "")).target == state
+                for i in Input
+            )
+            and state is not LeaseState.ABSENT
+        ):
             out.append(f"    {state.name} --> [*]")
     return "\n".join(out) + "\n"
 
@@ -224,10 +231,8 @@ TRACKER_EDGES: tuple[TrackerEdge, ...] = (
     _E("engine", "NEVER_SENT", "step", "pending", "NEVER_SENT", "deferred: keeps its turn"),
     _E("engine", "NEVER_SENT", "step", "not pending", "SENT", "send HB:, last := now"),
     _E("engine", "SENT", "step", "now - last < H", "SENT", "nothing"),
-    _E("engine", "SENT", "step", "now - last >= H, pending", "SENT",
-       "deferred: keeps its turn"),
-    _E("engine", "SENT", "step", "now - last >= H, not pending", "SENT",
-       "send HB:, last := now"),
+    _E("engine", "SENT", "step", "now - last >= H, pending", "SENT", "deferred: keeps its turn"),
+    _E("engine", "SENT", "step", "now - last >= H, not pending", "SENT", "send HB:, last := now"),
     _E("engine", "NEVER_SENT", "untrack last", "", "IDLE", "forget the engine"),
     _E("engine", "SENT", "untrack last", "", "IDLE", "forget the engine and last"),
     _E("engine", "NEVER_SENT", "drop_engine", "", "IDLE", "forget the engine"),
@@ -271,11 +276,13 @@ def render_blocks(text: str) -> str:
     Raises:
         ValueError: a marker names a block that does not exist.
     """
+
     def sub(m: re.Match[str]) -> str:
         name = m.group("name")
         if name not in BLOCKS:
             raise ValueError(f"unknown generated block {name!r}")
         return m.group(1) + BLOCKS[name]() + m.group(4)
+
     return _BLOCK_RE.sub(sub, text)
 
 

@@ -16,10 +16,10 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
 
-from . import _rules as R
-from ._config import LeaseConfig
-from ._errors import LocalProtocolError
-from ._events import LateTransfer, Release, ReleaseReason
+from . import rules as R
+from .config import LeaseConfig
+from .errors import LocalProtocolError
+from .events import LateTransfer, Release, ReleaseReason
 
 __all__ = ["LeaseTable", "TableStats"]
 
@@ -62,11 +62,20 @@ class TableStats:
 
 
 class _Lease:
-    __slots__ = ("cap_at", "consumers", "deadline", "done", "granted_at", "last_renewal",
-                 "req_id", "state")
+    __slots__ = (
+        "cap_at",
+        "consumers",
+        "deadline",
+        "done",
+        "granted_at",
+        "last_renewal",
+        "req_id",
+        "state",
+    )
 
-    def __init__(self, req_id: str, now: float, deadline: float, cap_at: float | None,
-                 consumers: int) -> None:
+    def __init__(
+        self, req_id: str, now: float, deadline: float, cap_at: float | None, consumers: int
+    ) -> None:
         self.req_id = req_id
         self.state = R.GRANTED
         self.granted_at = now
@@ -115,8 +124,14 @@ class LeaseTable:
             self._stale += 1
             if self._stale > len(self._leases) + 1024:
                 self._compact()
-        return Release(lease.req_id, reason, now, granted_at=lease.granted_at,
-                       deadline=lease.deadline, last_renewal=lease.last_renewal)
+        return Release(
+            lease.req_id,
+            reason,
+            now,
+            granted_at=lease.granted_at,
+            deadline=lease.deadline,
+            last_renewal=lease.last_renewal,
+        )
 
     def _compact(self) -> None:
         self._heap = [e for e in self._heap if self._leases.get(e[2].req_id) is e[2]]
@@ -157,8 +172,9 @@ class LeaseTable:
         self._c["early_staged"] += 1
 
     # -- inputs ---------------------------------------------------------------------------
-    def grant(self, req_id: str, *, now: float, consumers: int = 1,
-              ttl: float | None = None) -> Release | None:
+    def grant(
+        self, req_id: str, *, now: float, consumers: int = 1, ttl: float | None = None
+    ) -> Release | None:
         """Grant a lease until ``now + (ttl or kv_lease_duration)``.
 
         ``consumers`` is how many transfer-done notifications complete it.
@@ -176,14 +192,22 @@ class LeaseTable:
             raise ValueError(f"consumers={consumers!r} must be an integer >= 1")
         if ttl is None:
             ttl = self.config.kv_lease_duration
-        elif isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not (
-                math.isfinite(ttl) and ttl > 0):
+        elif (
+            isinstance(ttl, bool)
+            or not isinstance(ttl, (int, float))
+            or not (math.isfinite(ttl) and ttl > 0)
+        ):
             raise ValueError(f"ttl={ttl!r} must be a positive finite number of seconds")
         self._clock(now)
         self._ended.pop(req_id, None)  # a reused id starts a new lease (spec §6.1)
         cap = self.config.max_lease_lifetime
-        lease = _Lease(req_id, now, R.grant_deadline(now, float(ttl)),
-                       None if cap is None else now + cap, consumers)
+        lease = _Lease(
+            req_id,
+            now,
+            R.grant_deadline(now, float(ttl)),
+            None if cap is None else now + cap,
+            consumers,
+        )
         self._leases[req_id] = lease
         heapq.heappush(self._heap, (lease.deadline, next(self._seq), lease))
         self._c["granted"] += 1
@@ -200,8 +224,7 @@ class LeaseTable:
                 return self._end(lease, state, now)
         return None
 
-    def renew(self, req_ids: Iterable[str], *, now: float,
-              lost: list[str] | None = None) -> int:
+    def renew(self, req_ids: Iterable[str], *, now: float, lost: list[str] | None = None) -> int:
         """Apply one heartbeat: every live lease named gets
         ``deadline = max(deadline, min(now + lease_extension, granted_at + cap))``.
 
@@ -303,8 +326,7 @@ class LeaseTable:
                 continue
             if R.expire_due(lease.state, lease.deadline, now):
                 heapq.heappop(heap)
-                out.append(self._end(lease, R.expire_state(lease.state, lease.deadline, now),
-                                     now))
+                out.append(self._end(lease, R.expire_state(lease.state, lease.deadline, now), now))
             else:  # renewed since it was queued: requeue at its new deadline (one sift)
                 heapq.heapreplace(heap, (lease.deadline, seq, lease))
         self._prune(now)
@@ -340,9 +362,14 @@ class LeaseTable:
         lease = self._leases.get(req_id)
         if lease is None:
             return None
-        return {"granted_at": lease.granted_at, "deadline": lease.deadline,
-                "cap_at": lease.cap_at, "consumers": lease.consumers, "done": lease.done,
-                "last_renewal": lease.last_renewal}
+        return {
+            "granted_at": lease.granted_at,
+            "deadline": lease.deadline,
+            "cap_at": lease.cap_at,
+            "consumers": lease.consumers,
+            "done": lease.done,
+            "last_renewal": lease.last_renewal,
+        }
 
     def ended(self, req_id: str) -> ReleaseReason | None:
         """How a remembered ended lease ended, or ``None``."""

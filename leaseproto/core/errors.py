@@ -20,8 +20,9 @@ class LeaseProtocolError(Exception):
 
     def __new__(cls, *args: Any, **kwargs: Any) -> LeaseProtocolError:
         if cls is LeaseProtocolError:
-            raise TypeError("LeaseProtocolError is abstract: raise LocalProtocolError or "
-                            "RemoteProtocolError")
+            raise TypeError(
+                "LeaseProtocolError is abstract: raise LocalProtocolError or RemoteProtocolError"
+            )
         return super().__new__(cls, *args, **kwargs)
 
 

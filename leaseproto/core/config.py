@@ -43,8 +43,7 @@ DEFAULT_MAX_NOTIFICATION_BYTES = 4096
 def _number(key: str, value: object, *, allow_zero: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(
-            f"{key}: expected a number of seconds, got {type(value).__name__} {value!r} "
-            "(rule C1)"
+            f"{key}: expected a number of seconds, got {type(value).__name__} {value!r} (rule C1)"
         )
     v = float(value)
     if not math.isfinite(v):
@@ -57,8 +56,9 @@ def _number(key: str, value: object, *, allow_zero: bool = False) -> float:
 
 def _count(key: str, value: object, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{key}: expected an integer, got {type(value).__name__} {value!r} "
-                         "(rule C5)")
+        raise ValueError(
+            f"{key}: expected an integer, got {type(value).__name__} {value!r} (rule C5)"
+        )
     if value < minimum:
         raise ValueError(f"{key}={value!r} must be >= {minimum} (rule C5)")
     return value
@@ -115,10 +115,16 @@ class LeaseConfig:
         staging_capacity: int = 10_000,
     ) -> None:
         duration = _number("kv_lease_duration", kv_lease_duration)
-        interval = (duration / 6 if heartbeat_interval is None
-                    else _number("heartbeat_interval", heartbeat_interval))
-        extension = (duration * 2 / 3 if lease_extension is None
-                     else _number("lease_extension", lease_extension))
+        interval = (
+            duration / 6
+            if heartbeat_interval is None
+            else _number("heartbeat_interval", heartbeat_interval)
+        )
+        extension = (
+            duration * 2 / 3
+            if lease_extension is None
+            else _number("lease_extension", lease_extension)
+        )
         if extension <= interval:
             raise ValueError(
                 f"lease_extension={extension:g} must be greater than "
@@ -148,13 +154,14 @@ class LeaseConfig:
             "lease_extension": extension,
             "max_lease_lifetime": cap,
             "safety_margin": _number("safety_margin", safety_margin, allow_zero=True),
-            "max_notification_bytes": _count("max_notification_bytes",
-                                             max_notification_bytes, 64),
-            "tombstone_ttl": (d_ttl if tombstone_ttl is None
-                              else _number("tombstone_ttl", tombstone_ttl)),
+            "max_notification_bytes": _count("max_notification_bytes", max_notification_bytes, 64),
+            "tombstone_ttl": (
+                d_ttl if tombstone_ttl is None else _number("tombstone_ttl", tombstone_ttl)
+            ),
             "tombstone_capacity": _count("tombstone_capacity", tombstone_capacity, 1),
-            "staging_ttl": (duration if staging_ttl is None
-                            else _number("staging_ttl", staging_ttl)),
+            "staging_ttl": (
+                duration if staging_ttl is None else _number("staging_ttl", staging_ttl)
+            ),
             "staging_capacity": _count("staging_capacity", staging_capacity, 0),
         }
         for key, value in values.items():

@@ -20,9 +20,9 @@ import math
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from . import _rules as R
-from ._config import LeaseConfig
-from ._errors import LocalProtocolError
+from . import rules as R
+from .config import LeaseConfig
+from .errors import LocalProtocolError
 
 __all__ = ["HeartbeatTracker", "TrackerStats"]
 
@@ -63,16 +63,23 @@ class HeartbeatTracker:
         # which nothing is due return at once (heartbeat_due is monotone in it)
         self._oldest: float | None = None
         self._last_now = -math.inf
-        self._c = {"tracked": 0, "untracked": 0, "heartbeats": 0, "heartbeat_ids": 0,
-                   "deferred": 0, "dropped": 0}
+        self._c = {
+            "tracked": 0,
+            "untracked": 0,
+            "heartbeats": 0,
+            "heartbeat_ids": 0,
+            "deferred": 0,
+            "dropped": 0,
+        }
 
     def _clock(self, now: float) -> None:
         if now < self._last_now:
             raise LocalProtocolError(f"now={now!r} went backwards (last seen {self._last_now!r})")
         self._last_now = now
 
-    def track(self, req_id: str, *, engine_id: str, remote_req_id: str | None = None,
-              now: float) -> None:
+    def track(
+        self, req_id: str, *, engine_id: str, remote_req_id: str | None = None, now: float
+    ) -> None:
         """Start heartbeating P's lease for ``req_id`` (call on entering the
         waiting queue). ``remote_req_id`` is P's id (default ``req_id``).
 
@@ -80,13 +87,15 @@ class HeartbeatTracker:
             LocalProtocolError: ``req_id`` is already tracked, or ``now`` went back.
         """
         if req_id in self._engine_of:
-            raise LocalProtocolError(f"request {req_id!r} is already tracked "
-                                     f"(engine {self._engine_of[req_id]!r})")
+            raise LocalProtocolError(
+                f"request {req_id!r} is already tracked (engine {self._engine_of[req_id]!r})"
+            )
         self._clock(now)
         if engine_id not in self._by_engine:
             self._oldest = None  # a new engine is due at once
         self._by_engine.setdefault(engine_id, {})[req_id] = (
-            req_id if remote_req_id is None else remote_req_id)
+            req_id if remote_req_id is None else remote_req_id
+        )
         self._engine_of[req_id] = engine_id
         self._c["tracked"] += 1
 
@@ -139,8 +148,7 @@ class HeartbeatTracker:
         self._c["heartbeat_ids"] += sum(len(v) for v in out.values())
         # untracked engines leave _last_sent, so equal sizes mean every engine had one
         lasts = self._last_sent
-        self._oldest = (min(lasts.values())
-                        if lasts and len(lasts) == len(self._by_engine) else None)
+        self._oldest = min(lasts.values()) if lasts and len(lasts) == len(self._by_engine) else None
         return out
 
     def next_due(self) -> float | None:

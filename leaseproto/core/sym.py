@@ -1,6 +1,6 @@
 """The handful of operators the transition rules are written in.
 
-Every rule in :mod:`leaseproto._rules` is written with these helpers instead of
+Every rule in :mod:`leaseproto.core.rules` is written with these helpers instead of
 ``max``/``min``/``if``, so the *same function* runs on floats in the runtime and
 on z3 terms in ``proofs/`` (spec §9). On Python values each helper is the
 builtin; on anything else (a z3 expression) it builds the z3 term. z3 is

@@ -6,7 +6,7 @@ is one timed operation ``{"t": <seconds>, "op": <name>, ...}`` with ``t`` never
 decreasing from one line to the next. Everything is checked here, before
 anything runs, and every problem is a :class:`ScenarioError` naming its line.
 
-Pure: takes text, returns values. The engine is :mod:`leaseproto._replay`.
+Pure: takes text, returns values. The engine is :mod:`leaseproto.scenarios.replay`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._config import LeaseConfig
+from ..core.config import LeaseConfig
 
 __all__ = ["OPS", "Engine", "Header", "Op", "Scenario", "ScenarioError", "parse_scenario"]
 
@@ -75,14 +75,29 @@ OPS: dict[str, dict[str, str]] = {
     "track": {"id": "str!", "engine": "str", "remote_id": "str"},
     "untrack": {"id": "str!"},
     "d_step": {"deliver": "bool", "delay": "num", **_REPEAT},
-    "send": {"transfer_done": "str", "n": "int", "abort": "str", "msg": "str",
-             "deliver": "bool", "delay": "num", **_ENGINE_SEL},
+    "send": {
+        "transfer_done": "str",
+        "n": "int",
+        "abort": "str",
+        "msg": "str",
+        "deliver": "bool",
+        "delay": "num",
+        **_ENGINE_SEL,
+    },
     "drop_engine": {"engine": "str!"},
     "d_crash": {},
     "d_restart": {},
     "note": {"text": "str!"},
-    "expect": {"where": "str", "live": "ids", "released": "map", "deadline": "map",
-               "nacked": "ids", "tracked": "ids", "p_stats": "map", "d_stats": "map"},
+    "expect": {
+        "where": "str",
+        "live": "ids",
+        "released": "map",
+        "deadline": "map",
+        "nacked": "ids",
+        "tracked": "ids",
+        "p_stats": "map",
+        "d_stats": "map",
+    },
 }
 _HEADER_KEYS = {"scenario", "config", "delay", "engines", "clocks"}
 
@@ -104,16 +119,23 @@ def _kind_ok(kind: str, v: Any) -> bool:
     raise AssertionError(kind)  # pragma: no cover - OPS is data
 
 
-_KIND_TEXT = {"str": "a non-empty string", "int": "an integer", "bool": "true or false",
-              "num": "a finite number >= 0", "pos": "a finite number > 0",
-              "ids": "a list of strings", "map": "an object"}
+_KIND_TEXT = {
+    "str": "a non-empty string",
+    "int": "an integer",
+    "bool": "true or false",
+    "num": "a finite number >= 0",
+    "pos": "a finite number > 0",
+    "ids": "a list of strings",
+    "map": "an object",
+}
 
 
 def _header(obj: dict[str, Any], line: int) -> Header:
     unknown = set(obj) - _HEADER_KEYS
     if unknown:
-        raise ScenarioError(line, f"unknown header key(s) {sorted(unknown)}; "
-                                  f"known: {sorted(_HEADER_KEYS)}")
+        raise ScenarioError(
+            line, f"unknown header key(s) {sorted(unknown)}; known: {sorted(_HEADER_KEYS)}"
+        )
     cfg_in = obj.get("config", {})
     if not isinstance(cfg_in, dict):
         raise ScenarioError(line, "header 'config' must be an object")
@@ -133,8 +155,9 @@ def _header(obj: dict[str, Any], line: int) -> Header:
     engines = []
     for name, spec in engines_in.items():
         if not isinstance(spec, dict) or set(spec) - {"tp", "handshake"}:
-            raise ScenarioError(line, f"engine {name!r}: expected {{\"tp\": N, "
-                                      f"\"handshake\": seconds}}")
+            raise ScenarioError(
+                line, f'engine {name!r}: expected {{"tp": N, "handshake": seconds}}'
+            )
         tp, hs = spec.get("tp", 1), spec.get("handshake", 0.0)
         if not _kind_ok("int", tp) or tp < 1:
             raise ScenarioError(line, f"engine {name!r}: tp must be an integer >= 1")
@@ -143,15 +166,19 @@ def _header(obj: dict[str, Any], line: int) -> Header:
         engines.append(Engine(name, tp, float(hs)))
     clocks_in = obj.get("clocks", {})
     if not isinstance(clocks_in, dict) or set(clocks_in) - {"P", "D"}:
-        raise ScenarioError(line, "header 'clocks' maps \"P\"/\"D\" to {\"rate\", \"offset\"}")
+        raise ScenarioError(line, 'header \'clocks\' maps "P"/"D" to {"rate", "offset"}')
     clocks = []
     for side in ("P", "D"):
         spec = clocks_in.get(side, {})
         if not isinstance(spec, dict) or set(spec) - {"rate", "offset"}:
-            raise ScenarioError(line, f"clock {side}: expected {{\"rate\": r, \"offset\": s}}")
+            raise ScenarioError(line, f'clock {side}: expected {{"rate": r, "offset": s}}')
         rate, off = spec.get("rate", 1.0), spec.get("offset", 0.0)
-        if not _kind_ok("pos", rate) or not isinstance(off, (int, float)) or isinstance(
-                off, bool) or not math.isfinite(off):
+        if (
+            not _kind_ok("pos", rate)
+            or not isinstance(off, (int, float))
+            or isinstance(off, bool)
+            or not math.isfinite(off)
+        ):
             raise ScenarioError(line, f"clock {side}: rate must be > 0, offset finite")
         clocks.append((side, float(rate), float(off)))
     name = obj.get("scenario", "")
@@ -171,8 +198,9 @@ def _op(obj: dict[str, Any], line: int, header: Header) -> Op:
     args = {k: v for k, v in obj.items() if k not in ("t", "op")}
     unknown = set(args) - set(spec)
     if unknown:
-        raise ScenarioError(line, f"{name}: unknown field(s) {sorted(unknown)}; "
-                                  f"known: {sorted(spec)}")
+        raise ScenarioError(
+            line, f"{name}: unknown field(s) {sorted(unknown)}; known: {sorted(spec)}"
+        )
     for key, kind_spec in spec.items():
         required = kind_spec.endswith("!")
         kind = kind_spec.rstrip("!")
@@ -184,28 +212,30 @@ def _op(obj: dict[str, Any], line: int, header: Header) -> Op:
             raise ScenarioError(line, f"{name}: {key!r} must be {_KIND_TEXT[kind]}")
     names = [e.name for e in header.engines]
     if "engine" in args and args["engine"] not in names:
-        raise ScenarioError(line, f"{name}: unknown engine {args['engine']!r}; "
-                                  f"the header declares {names}")
+        raise ScenarioError(
+            line, f"{name}: unknown engine {args['engine']!r}; the header declares {names}"
+        )
     if "rank" in args:
         eng = args.get("engine", names[0] if len(names) == 1 else None)
         if eng is None:
             raise ScenarioError(line, f"{name}: 'rank' needs 'engine'")
         tp = next(e.tp for e in header.engines if e.name == eng)
         if not 0 <= args["rank"] < tp:
-            raise ScenarioError(line, f"{name}: rank {args['rank']} out of range for "
-                                      f"engine {eng!r} (tp={tp})")
+            raise ScenarioError(
+                line, f"{name}: rank {args['rank']} out of range for engine {eng!r} (tp={tp})"
+            )
     if name in ("grant", "deliver", "track", "send") and "engine" not in args:
         if len(names) != 1:
-            raise ScenarioError(line, f"{name}: 'engine' is required when the header "
-                                      "declares several engines")
+            raise ScenarioError(
+                line, f"{name}: 'engine' is required when the header declares several engines"
+            )
         args["engine"] = names[0]
     if name == "grant" and "consumers" in args and args["consumers"] < 1:
         raise ScenarioError(line, "grant: 'consumers' must be >= 1")
     if name == "send":
         forms = [k for k in ("transfer_done", "abort", "msg") if k in args]
         if len(forms) != 1:
-            raise ScenarioError(line, "send: give exactly one of 'transfer_done', "
-                                      "'abort', 'msg'")
+            raise ScenarioError(line, "send: give exactly one of 'transfer_done', 'abort', 'msg'")
         if "n" in args and "transfer_done" not in args:
             raise ScenarioError(line, "send: 'n' goes with 'transfer_done'")
     if "until" in args and "every" not in args:
@@ -226,12 +256,16 @@ def _check_expect(args: dict[str, Any], line: int) -> None:
         for rid, v in args.get(key, {}).items():
             reason = v.get("reason") if isinstance(v, dict) else v
             if reason not in ("transferred", "expired", "aborted"):
-                raise ScenarioError(line, f"expect: released[{rid!r}] needs a reason "
-                                          "(transferred, expired or aborted)")
-            if isinstance(v, dict) and (set(v) - {"reason", "at"} or (
-                    "at" in v and not _kind_ok("num", v["at"]))):
-                raise ScenarioError(line, f"expect: released[{rid!r}] is "
-                                          "{\"reason\": ..., \"at\": seconds}")
+                raise ScenarioError(
+                    line,
+                    f"expect: released[{rid!r}] needs a reason (transferred, expired or aborted)",
+                )
+            if isinstance(v, dict) and (
+                set(v) - {"reason", "at"} or ("at" in v and not _kind_ok("num", v["at"]))
+            ):
+                raise ScenarioError(
+                    line, f'expect: released[{rid!r}] is {{"reason": ..., "at": seconds}}'
+                )
     for rid, v in args.get("deadline", {}).items():
         if v is not None and not _kind_ok("num", v):
             raise ScenarioError(line, f"expect: deadline[{rid!r}] must be a number or null")
@@ -257,20 +291,21 @@ def parse_scenario(text: str) -> Scenario:
         try:
             obj = json.loads(stripped)
         except json.JSONDecodeError as exc:
-            raise ScenarioError(number, f"not valid JSON: {exc.msg} (column {exc.colno})") \
-                from None
+            raise ScenarioError(number, f"not valid JSON: {exc.msg} (column {exc.colno})") from None
         if not isinstance(obj, dict):
             raise ScenarioError(number, "each line must be a JSON object")
         if "t" not in obj and "op" not in obj:
             if header is not None or ops:
-                raise ScenarioError(number, "a header (a line without 't') may only come "
-                                            "first")
+                raise ScenarioError(number, "a header (a line without 't') may only come first")
             header = _header(obj, number)
             continue
         op = _op(obj, number, header if header is not None else Header())
         if op.t < last_t:
-            raise ScenarioError(number, f"t={op.t:g} is before the previous line's "
-                                        f"t={last_t:g}: lines must be in time order")
+            raise ScenarioError(
+                number,
+                f"t={op.t:g} is before the previous line's "
+                f"t={last_t:g}: lines must be in time order",
+            )
         last_t = op.t
         if header is None:
             header = Header()

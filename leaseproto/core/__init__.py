@@ -1,0 +1,51 @@
+"""The sans-I/O lease core: pure state machines that own no clock and do no I/O.
+
+Every time-dependent call takes keyword-only ``now`` (seconds on the caller's
+monotonic clock). Nothing in this folder imports anything of :mod:`leaseproto`
+outside it, nor any module that reads a clock or touches the outside world
+(``tests/test_core_purity.py`` checks the folder).
+
+- :mod:`.config`: :class:`LeaseConfig` and its derived values and rules (C1...).
+- :mod:`.state`: the per-lease transition table, as data (:data:`TRANSITIONS`).
+- :mod:`.rules`: the transition rules, written once, run on floats here and
+  on z3 terms in ``leaseproto.proofs``; :mod:`.sym` holds their operators.
+- :mod:`.table`: :class:`LeaseTable`, prefill's record of leases.
+- :mod:`.tracker`: :class:`HeartbeatTracker`, decode's heartbeat schedule.
+- :mod:`.clock`: :class:`ClockOffset`, the bidirectional read gate.
+- :mod:`.wire`: the notification formats (vLLM's and ours).
+- :mod:`.events`, :mod:`.errors`: what the core returns and raises.
+"""
+
+from __future__ import annotations
+
+from . import wire
+from .clock import ClockOffset
+from .config import LeaseConfig
+from .errors import LeaseProtocolError, LocalProtocolError, RemoteProtocolError
+from .events import LateTransfer, Release, ReleaseReason
+from .state import TRANSITIONS, Guard, Input, LeaseState, Transition
+from .table import LeaseTable, TableStats
+from .tracker import HeartbeatTracker, TrackerStats
+from .wire import MalformedMessage
+
+__all__ = [
+    "TRANSITIONS",
+    "ClockOffset",
+    "Guard",
+    "HeartbeatTracker",
+    "Input",
+    "LateTransfer",
+    "LeaseConfig",
+    "LeaseProtocolError",
+    "LeaseState",
+    "LeaseTable",
+    "LocalProtocolError",
+    "MalformedMessage",
+    "Release",
+    "ReleaseReason",
+    "RemoteProtocolError",
+    "TableStats",
+    "TrackerStats",
+    "Transition",
+    "wire",
+]
