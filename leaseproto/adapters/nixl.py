@@ -42,6 +42,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .nixl_reads import EndpointReads
 from .nixl_runtime import (
     INSTALL_HINT,
     MAX_RETRY_DELAY,
@@ -54,7 +55,7 @@ from .nixl_runtime import (
     is_disconnect,
     load_nixl,
 )
-from .xfer import Transfer, XferDescs, XferState, check_pair
+from .xfer import Transfer, XferDescs, XferState
 
 if TYPE_CHECKING:
     import torch
@@ -84,7 +85,7 @@ class _Peer:
     reason: str = ""
 
 
-class NixlEndpoint:
+class NixlEndpoint(EndpointReads):
     """A NIXL agent named ``name`` with its metadata listener on ``host:port``
     (``host`` is where peers reach us; the listener binds every interface)."""
 
@@ -237,72 +238,6 @@ class NixlEndpoint:
         self.stats.received += len(out)
         return out
 
-    # -- transfers ------------------------------------------------------------
-
-    def read(self, peer: str, local: XferDescs, remote: XferDescs, *, notif_msg: bytes) -> Transfer:
-        """READ ``remote`` (memory ``peer`` registered) into ``local`` (ours),
-        row by row; NIXL delivers ``notif_msg`` to ``peer`` once the data has
-        moved. Never raises a transport error: a failure to start gives a
-        :class:`Transfer` already in state ``"ERR"``."""
-        agent = self._live()
-        check_pair(local, remote)
-        if not isinstance(notif_msg, (bytes, bytearray)):
-            raise TypeError(f"notif_msg must be bytes, got {type(notif_msg).__name__}")
-        msg = bytes(notif_msg)
-        rec = self._peers.get(peer)
-        if rec is not None and rec.state != "connected":
-            self._progress(peer, rec, time.monotonic())
-        if rec is not None and rec.state != "connected":
-            self.stats.reads_failed += 1
-            return Transfer(
-                peer, msg, local.nbytes, handle=None, state="ERR", error=f"peer is {rec.state}"
-            )
-        xfer = Transfer(peer, msg, local.nbytes, handle=None, state="PROC")
-        xfer._started = time.monotonic()
-        self.stats.reads_started += 1
-        try:
-            ldescs = agent.get_xfer_descs(list(local.descs), local.mem_type)
-            rdescs = agent.get_xfer_descs(list(remote.descs), remote.mem_type)
-            known = bool(agent.check_remote_metadata(peer, rdescs))
-        except Exception as exc:
-            self._fail_xfer(xfer, exc)
-            return xfer
-        xfer._pending = (ldescs, rdescs)
-        if known:
-            self._post(xfer)
-        else:  # metadata from before the peer registered this memory: refresh it
-            self._refetch(peer)
-        return xfer
-
-    def transfer_state(self, xfer: Transfer) -> XferState:
-        """``"DONE"``, ``"PROC"`` or ``"ERR"`` (final states stick)."""
-        agent = self._live()
-        if xfer._state != "PROC":
-            return xfer._state
-        if xfer._pending is not None:
-            self._advance_pending(xfer)
-            return xfer._state
-        try:
-            state: XferState = agent.check_xfer_state(xfer._handle)
-        except Exception as exc:
-            self._fail_xfer(xfer, exc)
-            return "ERR"
-        self._settle(xfer, state, "transfer reported ERR")
-        return state
-
-    def release(self, xfer: Transfer) -> None:
-        """Free NIXL's handle (NIXL tries to cancel a transfer still in
-        progress; one still waiting for metadata is never posted). A transfer
-        released before it finished reads ``"ERR"``. Safe to call twice."""
-        self._live()
-        xfer._pending = None
-        if xfer._handle is not None:
-            handle, xfer._handle = xfer._handle, None
-            self._release_handle(handle)
-        if xfer._state == "PROC":
-            xfer._state = "ERR"
-            xfer.error = "released before it finished"
-
     def close(self) -> None:
         """Deregister memory and drop the agent (its threads stop with it)."""
         agent = self._agent
@@ -322,6 +257,15 @@ class NixlEndpoint:
         if self._agent is None:
             raise EndpointClosed(f"endpoint {self.name!r} is closed")
         return self._agent
+
+    def _peer_state(self, peer: str) -> ConnState | None:
+        """State of a peer we connected to (a pending connect advanced first), or
+        None for one that only connected to us."""
+        rec = self._peers.get(peer)
+        if rec is None:
+            return None
+        self._progress(peer, rec, time.monotonic())
+        return rec.state
 
     def _fetch(self, peer: str, rec: _Peer) -> None:
         try:
@@ -382,39 +326,6 @@ class NixlEndpoint:
         self.stats.peers_lost += 1
         self._lost.append((peer, reason))
 
-    def _post(self, xfer: Transfer) -> None:
-        assert xfer._pending is not None
-        ldescs, rdescs = xfer._pending
-        xfer._pending = None
-        try:
-            xfer._handle = self._agent.initialize_xfer(
-                "READ", ldescs, rdescs, xfer.peer, xfer.notif_msg
-            )
-            state: XferState = self._agent.transfer(xfer._handle)
-        except Exception as exc:
-            self._fail_xfer(xfer, exc)
-            return
-        self._settle(xfer, state, "posting the transfer returned ERR")
-
-    def _advance_pending(self, xfer: Transfer) -> None:
-        assert xfer._pending is not None
-        peer = xfer.peer
-        if self.peer_lost(peer):
-            xfer._pending = None
-            self._settle(xfer, "ERR", f"peer {peer} lost before the read was posted")
-        elif self._agent.check_remote_metadata(peer, xfer._pending[1]):
-            self._post(xfer)
-        elif time.monotonic() - xfer._started >= self.connect_timeout:
-            xfer._pending = None
-            self._settle(
-                xfer,
-                "ERR",
-                f"{peer} has not registered the memory to read "
-                f"(no metadata covers it after {self.connect_timeout:g} s)",
-            )
-        else:
-            self._refetch(peer)
-
     def _refetch(self, peer: str) -> None:
         rec = self._peers.get(peer)
         if rec is None or not rec.host:
@@ -424,26 +335,3 @@ class NixlEndpoint:
             rec.last_try = now
             self.stats.connect_retries += 1
             self._fetch(peer, rec)
-
-    def _settle(self, xfer: Transfer, state: XferState, error: str) -> None:
-        xfer._state = state
-        if state == "DONE":
-            self.stats.reads_done += 1
-        elif state == "ERR":
-            self.stats.reads_failed += 1
-            xfer.error = xfer.error or error
-            if xfer._handle is not None:
-                handle, xfer._handle = xfer._handle, None
-                self._release_handle(handle)
-
-    def _fail_xfer(self, xfer: Transfer, exc: BaseException) -> None:
-        self._failed(xfer.peer, exc)
-        xfer.error = describe(exc)
-        self._settle(xfer, "ERR", xfer.error)
-
-    def _release_handle(self, handle: Any) -> None:
-        try:
-            handle.release()
-        except Exception as exc:
-            self.stats.release_failed += 1
-            self.stats.last_error = f"releasing a transfer: {describe(exc)}"

@@ -1,0 +1,156 @@
+"""Decode rank 0's side of the leases: heartbeats to every P engine it depends
+on, and what comes back from P (NACKs, lost peers).
+
+:class:`DecodeLeases` is the part of :class:`~leaseproto.workers.decode.DecodeWorker`
+that talks to P engines about leases; the worker supplies the state it reads
+(declared below) and ``_kv_lost``, which fails a request over.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from ..core import wire
+from ..core.config import LeaseConfig
+from ..core.tracker import HeartbeatTracker
+from .decode_state import DecodeOptions, Engine, Req
+from .metrics import DecodeMetrics
+
+if TYPE_CHECKING:
+    from .backend import KVBackend
+
+__all__ = ["DecodeLeases"]
+
+log = logging.getLogger("leaseproto.decode")
+
+
+class DecodeLeases:
+    """Heartbeats and P's answers, for the decode worker."""
+
+    opts: DecodeOptions
+    config: LeaseConfig
+    tracker: HeartbeatTracker
+    backend: KVBackend
+    metrics: DecodeMetrics
+    engines: dict[str, Engine]
+    by_remote: dict[str, Req]
+    waiting: Iterable[Req]
+    running: dict[str, Req]
+    counts: dict[str, int]
+
+    def _clock(self) -> float:
+        raise NotImplementedError
+
+    def _malformed(self, why: str) -> None:
+        raise NotImplementedError
+
+    def _kv_lost(self, req: Req, reason: str, *, abort: bool = False) -> None:
+        raise NotImplementedError
+
+    # -- lease step -----------------------------------------------------------------------
+    def _pending(self) -> set[str]:
+        return {
+            e
+            for e in self.tracker.engines()
+            if e in self.engines
+            and not self.engines[e].lost
+            and not all(self.backend.is_connected(a) for a in self.engines[e].agents)
+        }
+
+    def lease_step(self) -> None:
+        now = self._clock()
+        for agent, reason in self.backend.take_lost_peers():
+            self._peer_lost(agent, reason)
+        if self.opts.policy == "lease":
+            due = self.tracker.due(now=now, pending=self._pending())
+            for engine_id, ids in due.items():
+                self._heartbeat(engine_id, ids)
+        for sender, payload in self.backend.poll():
+            self._notification(sender, payload)
+        self.metrics.sync(self.tracker.stats)
+
+    def _heartbeat(self, engine_id: str, ids: list[str]) -> None:
+        engine = self.engines.get(engine_id)
+        if engine is None or engine.lost:
+            return
+        payloads = wire.encode_heartbeat(ids, max_bytes=self.config.max_notification_bytes)
+        self._check_first_heartbeats(ids)
+        for agent in engine.agents:  # every P rank holds a shard under its own lease
+            for payload in payloads:
+                if not self.backend.send(agent, payload):
+                    self.metrics.send_failures.inc()
+                    self._engine_lost(engine, f"heartbeat to {agent} could not be sent")
+                    return
+                self.counts["heartbeats_sent"] += 1
+                self.metrics.heartbeats.inc()
+        self.metrics.heartbeat_ids.inc(len(ids))
+
+    def _check_first_heartbeats(self, remote_ids: list[str]) -> None:
+        """Warn when a first heartbeat leaves after the initial lease ran out
+        (timing condition T1 broken: P may have freed the blocks already)."""
+        now = self._clock()
+        for rid in remote_ids:
+            req = self.by_remote.get(rid)
+            late = None if req is None else req.first_heartbeat(now)
+            if req is not None and late is not None:
+                self.counts["late_first_heartbeats"] += 1
+                log.warning(
+                    "first heartbeat for req %s sent %.2f s after its initial lease "
+                    "ran out: P may already have freed its blocks",
+                    req.req_id,
+                    late,
+                )
+
+    def _peer_lost(self, agent: str, reason: str) -> None:
+        for engine in self.engines.values():
+            if agent in engine.agents and not engine.lost:
+                self._engine_lost(engine, f"P rank {agent}: {reason}")
+
+    def _engine_lost(self, engine: Engine, reason: str) -> None:
+        engine.lost = reason
+        self.counts["engines_dropped"] += 1
+        self.metrics.engines_dropped.inc()
+        dropped = set(self.tracker.drop_engine(engine.engine_id))
+        log.warning(
+            "P engine %s lost (%s): failing over %d requests",
+            engine.engine_id,
+            reason,
+            len(dropped),
+        )
+        for req in [*self.waiting, *self.running.values()]:
+            if req.engine_id == engine.engine_id and req.needs_remote_kv and not req.kv_in:
+                self._kv_lost(req, f"P engine {engine.engine_id} lost: {reason}")
+
+    def _notification(self, sender: str, payload: bytes) -> None:
+        try:
+            msg = wire.decode(payload)
+        except wire.MalformedMessage as exc:
+            self._malformed(f"notification from {sender}: {exc}")
+            return
+        if isinstance(msg, wire.Nack):
+            self._nack(msg.req_id, msg.reason, sender)
+        else:
+            self._malformed(f"unexpected {type(msg).__name__} from {sender}")
+
+    def _nack(self, remote_req_id: str, reason: str, sender: str) -> None:
+        self.counts["nacks"] += 1
+        self.metrics.nacks.inc()
+        req = self.by_remote.get(remote_req_id)
+        if req is None or req.done:
+            self.counts["nack_after_answer"] += 1
+            log.error(
+                "NACK (%s) from %s for req %s after its answer was sent: that answer may be wrong",
+                reason,
+                sender,
+                remote_req_id,
+            )
+            return
+        log.warning(
+            "NACK from %s: the lease of req %s had %s before the read; discarding what was read",
+            sender,
+            remote_req_id,
+            reason,
+        )
+        self._kv_lost(req, f"NACK: lease {reason} before the read")
