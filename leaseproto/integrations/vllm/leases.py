@@ -1,0 +1,162 @@
+"""P's lease record inside a vLLM worker, and vLLM's ``_reqs_to_send`` as a view of it.
+
+No vLLM import. :class:`WorkerLeases` owns the :class:`~leaseproto.LeaseTable`
+and the worker's clock discipline: the table needs ``now`` that never goes
+back, while vLLM's code (and its tests, which patch ``time.perf_counter``) may
+read a clock that does; every call here uses ``max(clock(), last now)``.
+
+:class:`LeaseView` is what vLLM's code and tests see as ``_reqs_to_send``: a
+mapping request id -> absolute deadline on the worker clock, read from the
+table. Writing ``view[id] = deadline`` grants a lease ending at ``deadline``
+(what vLLM's ``start_load_kv`` does after rebasing the scheduler's deadline);
+deleting one aborts it. Nothing else holds deadlines.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import time
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
+from typing import Any, cast
+
+from leaseproto import LateTransfer, LeaseConfig, LeaseTable, Release
+
+__all__ = ["LeaseView", "WorkerLeases"]
+
+#: Smallest lease a grant may carry: an already-due deadline is granted with it
+#: and reaped at the next reap (the table refuses a zero ttl).
+_EPSILON = 1e-9
+#: Whether the core counts readers from the wire (``transfer_done(..., readers=n)``).
+_CORE_READERS = "readers" in inspect.signature(LeaseTable.transfer_done).parameters
+
+
+def _perf_counter() -> float:
+    return time.perf_counter()
+
+
+class WorkerLeases:
+    """The table, the monotone clock, and grants by absolute deadline."""
+
+    def __init__(self, config: LeaseConfig, clock: Callable[[], float] | None = None) -> None:
+        self.config = config
+        self.table = LeaseTable(config)
+        # looked up at each call by default, so a patched time.perf_counter takes effect
+        self._clock: Callable[[], float] = clock or _perf_counter
+        self._last = -math.inf
+        # ids granted with a deadline already passed: the next reap frees them
+        self._due: set[str] = set()
+        self.settled: list[Release] = []
+        # transfer-dones counted per live lease, only while the core lacks ``readers``
+        self._counts: dict[str, int] = {}
+
+    def now(self) -> float:
+        """The worker clock, never earlier than the last ``now`` handed to the table."""
+        t = self._clock()
+        if t < self._last:
+            return self._last
+        self._last = t
+        return t
+
+    def grant_until(self, req_id: str, deadline: float, *, now: float | None = None) -> None:
+        """Grant ``req_id`` a lease ending at ``deadline`` (worker clock). A live
+        lease for the id is replaced (vLLM overwrites its map entry)."""
+        t = self.now() if now is None else now
+        if req_id in self.table:
+            self.table.abort(req_id, now=t)
+        ttl = deadline - t
+        if not ttl > _EPSILON:
+            ttl = _EPSILON
+            self._due.add(req_id)
+        release = self.table.grant(req_id, now=t, ttl=ttl)
+        if release is not None:  # staged early notifications completed it at once
+            self.settled.append(release)
+
+    def reap(self) -> list[Release]:
+        """Expire every lease whose deadline has passed, plus the already-due grants."""
+        now = self.now()
+        for rid in self._due:
+            d = self.table.deadline(rid)
+            if d is not None and d > now:
+                now = d
+        self._due.clear()
+        self._last = max(self._last, now)
+        return self.table.expire(now=now)
+
+    def take_settled(self) -> list[Release]:
+        """Releases produced by grants that staged notifications completed."""
+        out, self.settled = self.settled, []
+        return out
+
+    def transfer_done(self, req_id: str, readers: int) -> Release | LateTransfer | None:
+        """One transfer-done carrying vLLM's ``n`` (``readers``): the lease ends
+        after ``readers`` of them."""
+        now = self.now()
+        if _CORE_READERS:
+            out: Release | LateTransfer | None = cast(Any, self.table).transfer_done(
+                req_id, now=now, readers=readers)
+            return out
+        if req_id in self.table:
+            done = self._counts.get(req_id, 0) + 1
+            if done < readers:
+                self._counts[req_id] = done
+                return None
+        self._counts.pop(req_id, None)
+        return self.table.transfer_done(req_id, now=now)
+
+    def readers_done(self, req_id: str) -> int:
+        """Transfer-dones counted so far for a live lease."""
+        if _CORE_READERS:
+            info = self.table.lease_info(req_id)
+            return 0 if info is None else int(info["done"] or 0)
+        return self._counts.get(req_id, 0)
+
+    def forget(self, req_id: str) -> None:
+        self._counts.pop(req_id, None)
+
+    def reset(self, deadlines: Mapping[str, float]) -> None:
+        """Replace every lease by ``deadlines`` (id -> absolute deadline), keeping
+        their order: what assigning a dict to ``_reqs_to_send`` means."""
+        self.table = LeaseTable(self.config)
+        self._due.clear()
+        self.settled = []
+        self._counts.clear()
+        base = min([self._clock(), *(d - 1.0 for d in deadlines.values())])
+        self._last = base
+        for rid, d in deadlines.items():
+            self.grant_until(rid, float(d), now=base)
+
+
+class LeaseView(MutableMapping[str, float]):
+    """``_reqs_to_send``: request id -> deadline, read from the lease table."""
+
+    __slots__ = ("_leases",)
+
+    def __init__(self, leases: WorkerLeases) -> None:
+        self._leases = leases
+
+    def __getitem__(self, req_id: str) -> float:
+        d = self._leases.table.deadline(req_id)
+        if d is None:
+            raise KeyError(req_id)
+        return d
+
+    def __setitem__(self, req_id: str, deadline: float) -> None:
+        self._leases.grant_until(req_id, float(deadline))
+
+    def __delitem__(self, req_id: str) -> None:
+        if req_id not in self._leases.table:
+            raise KeyError(req_id)
+        self._leases.table.abort(req_id, now=self._leases.now())
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._leases.table.live())
+
+    def __len__(self) -> int:
+        return len(self._leases.table)
+
+    def __contains__(self, req_id: object) -> bool:
+        return req_id in self._leases.table
+
+    def __repr__(self) -> str:
+        return f"LeaseView({dict(self.items())!r})"

@@ -1,0 +1,92 @@
+"""Our counters beside vLLM's NIXL stats and Prometheus metrics.
+
+The worker records into :class:`LeaseprotoKVConnectorStats` (vLLM's stats plus
+our keys); the engine's Prometheus output then has ``vllm:leaseproto_*``
+counters next to ``vllm:nixl_*`` (:class:`LeaseprotoPromMetrics`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import (
+    NixlKVConnectorStats,
+    NixlPromMetrics,
+)
+from vllm.v1.metrics.utils import create_metric_per_engine
+
+__all__ = ["COUNTERS", "LeaseprotoKVConnectorStats", "LeaseprotoPromMetrics"]
+
+#: stats key -> (Prometheus name, help)
+COUNTERS: dict[str, tuple[str, str]] = {
+    "lp_leases_granted": ("vllm:leaseproto_leases_granted",
+                          "KV leases granted on P (leaseproto)."),
+    "lp_leases_renewed": ("vllm:leaseproto_leases_renewed",
+                          "Lease renewals from D's heartbeats on P."),
+    "lp_heartbeat_ids_unknown": ("vllm:leaseproto_heartbeat_ids_unknown",
+                                 "Heartbeat ids naming no lease P holds."),
+    "lp_heartbeat_ids_late": ("vllm:leaseproto_heartbeat_ids_late",
+                              "Heartbeat ids naming a lease that had ended or lapsed."),
+    "lp_late_reads": ("vllm:leaseproto_late_reads",
+                      "Transfer-dones after the lease had ended (expired or aborted)."),
+    "lp_aborted": ("vllm:leaseproto_leases_aborted", "Leases released by D's abort."),
+    "lp_malformed": ("vllm:leaseproto_malformed_notifications",
+                     "Notifications that were not valid messages (counted and dropped)."),
+    "lp_heartbeats_sent": ("vllm:leaseproto_heartbeats_sent",
+                           "Heartbeat notifications sent by D (after splitting)."),
+    "lp_heartbeats_deferred": ("vllm:leaseproto_heartbeats_deferred",
+                               "Heartbeats held for a pending handshake, sent once it is done."),
+    "lp_heartbeat_send_failures": ("vllm:leaseproto_heartbeat_send_failures",
+                                   "Heartbeat notifications NIXL failed to send."),
+}
+
+
+class LeaseprotoKVConnectorStats(NixlKVConnectorStats):  # type: ignore[misc]
+    """vLLM's NIXL stats plus ours (each a list of increments, as vLLM's are)."""
+
+    def reset(self) -> None:
+        super().reset()
+        for key in COUNTERS:
+            self.data[key] = []
+
+    def add(self, key: str, n: int = 1) -> None:
+        if n:
+            self.data.setdefault(key, []).append(n)
+
+    def is_empty(self) -> bool:
+        return bool(super().is_empty()) and not any(self.data.get(k) for k in COUNTERS)
+
+    def aggregate(self, other: Any) -> Any:
+        for key in COUNTERS:
+            self.data.setdefault(key, [])
+            if isinstance(other, NixlKVConnectorStats):
+                other.data.setdefault(key, [])
+        return super().aggregate(other)
+
+    def reduce(self) -> dict[str, int | float]:
+        out: dict[str, int | float] = dict(super().reduce())
+        for key in ("lp_late_reads", "lp_malformed"):
+            out[COUNTERS[key][0].split(":", 1)[1]] = sum(self.data.get(key, []))
+        return out
+
+
+class LeaseprotoPromMetrics(NixlPromMetrics):  # type: ignore[misc]
+    """vLLM's NIXL Prometheus metrics plus one counter per :data:`COUNTERS` key."""
+
+    def __init__(self, vllm_config: Any, metric_types: Any, labelnames: list[str],
+                 per_engine_labelvalues: dict[int, list[object]]) -> None:
+        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        self.lp_counters = {
+            key: create_metric_per_engine(
+                self._counter_cls(name=name, documentation=doc, labelnames=labelnames),
+                self.per_engine_labelvalues)
+            for key, (name, doc) in COUNTERS.items()
+        }
+
+    def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
+        for key in COUNTERS:
+            transfer_stats_data.setdefault(key, [])
+        super().observe(transfer_stats_data, engine_idx)
+        for key, counter in self.lp_counters.items():
+            for n in transfer_stats_data[key]:
+                counter[engine_idx].inc(n)

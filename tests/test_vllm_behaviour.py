@@ -1,0 +1,226 @@
+"""LeaseprotoConnector's behaviour where it differs from stock vLLM 0.32 on purpose,
+each checked on both (same calls, same virtual clock). Needs vLLM."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+from typing import Any
+from unittest.mock import MagicMock
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM is not installed (the vLLM venv of .ci/run has it)")
+
+from vllm_stubs import (  # noqa: E402
+    d_request,
+    make_scheduler,
+    make_worker,
+    worker_stat,
+)
+
+from leaseproto.integrations.vllm.scheduler import (  # noqa: E402
+    PARAMS_KEY,
+    LeaseprotoConnectorScheduler,
+)
+from leaseproto.integrations.vllm.worker import LeaseprotoConnectorWorker  # noqa: E402
+
+pytestmark = pytest.mark.vllm
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> dict[str, float]:
+    """A virtual ``time.perf_counter`` for vLLM's code and ours."""
+    now = {"t": 1000.0}
+    monkeypatch.setattr(time, "perf_counter", lambda: now["t"])
+    return now
+
+
+def reap(w: Any) -> set[str]:
+    done: set[str] = set()
+    w._reap_expired_send_leases(done)
+    return done
+
+
+@pytest.mark.parametrize("ours", [False, True], ids=["stock", "leaseproto"])
+def test_lapsed_lease_is_not_revived(clock: dict[str, float], ours: bool) -> None:
+    w = make_worker(ours)
+    w._reqs_to_process.add("A")
+    w._reqs_to_send["A"] = 1030.0
+    clock["t"] = 1031.0  # past the deadline, reaper not run yet
+    w._handle_heartbeat("A")
+    if ours:
+        assert reap(w) == {"A"}
+        assert worker_stat(w, "lp_heartbeat_ids_late") == 1
+        assert worker_stat(w, "lp_leases_renewed") == 0
+    else:  # vLLM revives it: 1031 + 20
+        assert w._reqs_to_send["A"] == 1051.0
+        assert reap(w) == set()
+
+
+@pytest.mark.parametrize("ours", [False, True], ids=["stock", "leaseproto"])
+def test_reaper_frees_behind_a_renewed_head(clock: dict[str, float], ours: bool) -> None:
+    w = make_worker(ours)
+    w._reqs_to_process.update("ABC")
+    w._reqs_to_send = {"A": 1030.0, "B": 1032.0, "C": 1034.0}
+    for t in (1020.0, 1035.0 - 10, 1029.0):
+        clock["t"] = t
+        w._handle_heartbeat("A")  # before each deadline: renewed both ways
+    assert w._reqs_to_send["A"] == 1049.0
+    clock["t"] = 1040.0
+    assert reap(w) == {"B", "C"}
+    assert list(w._reqs_to_send) == ["A"]
+    assert w._reqs_to_process == {"A"}
+    assert len(w.xfer_stats.data["num_kv_expired_reqs"]) == 2
+
+
+def test_reqs_to_send_is_a_view_of_the_table(clock: dict[str, float]) -> None:
+    w = make_worker(True)
+    w._reqs_to_process.add("r")
+    w._reqs_to_send["r"] = 1012.0
+    table = w._leases().table
+    assert table.deadline("r") == 1012.0 and dict(w._reqs_to_send) == {"r": 1012.0}
+    w._handle_heartbeat("r")
+    assert table.deadline("r") == w._reqs_to_send["r"] == 1020.0
+
+
+def _heartbeats(w: Any) -> list[bytes]:
+    return [m for _, m in w.nixl_wrapper.sent if m.startswith(b"HB:")]
+
+
+@pytest.mark.parametrize("ours", [False, True], ids=["stock", "leaseproto"])
+def test_per_engine_turns(clock: dict[str, float], ours: bool) -> None:
+    """vLLM's one global timer makes engine B, first seen 3 s after A's heartbeat,
+    wait for A's next turn; ours heartbeats B at once."""
+    s = make_scheduler(ours)
+    s.on_new_request(d_request("d1", "p1", engine="A"))
+    assert set(s.build_connector_meta(MagicMock()).heartbeat_by_engine) == {"A"}
+    clock["t"] += 3.0
+    s.on_new_request(d_request("d2", "p2", engine="B"))
+    due = set(s.build_connector_meta(MagicMock()).heartbeat_by_engine)
+    assert due == ({"B"} if ours else set())
+    clock["t"] += 2.0
+    due = s.build_connector_meta(MagicMock()).heartbeat_by_engine
+    assert set(due) == ({"A"} if ours else {"A", "B"})
+    assert due["A"].req_ids == {"p1"}
+
+
+@pytest.mark.parametrize("ours", [False, True], ids=["stock", "leaseproto"])
+def test_heartbeat_split_at_max_notification_bytes(ours: bool) -> None:
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.metadata import (
+        HeartbeatInfo,
+        NixlConnectorMetadata,
+    )
+
+    w = make_worker(ours, extra={"max_notification_bytes": 256},
+                    agents={"P0": {(0, 0): "agent-p0"}})
+    ids = {f"cmpl-{i:04d}-0123abcd" for i in range(40)}  # 40 * 20 bytes
+    meta = NixlConnectorMetadata()
+    meta.heartbeat_by_engine = {"P0": HeartbeatInfo(req_ids=ids, host="h", port=1, tp_size=1)}
+    w._send_heartbeats(meta)
+    sent = _heartbeats(w)
+    named = [i for m in sent for i in m[3:].decode().split(",")]
+    assert sorted(named) == sorted(ids)
+    if ours:
+        assert len(sent) > 1 and max(map(len, sent)) <= 256
+    else:
+        assert len(sent) == 1 and len(sent[0]) > 256  # B5: a 256-byte transport drops it
+
+
+@pytest.mark.parametrize("ours", [False, True], ids=["stock", "leaseproto"])
+def test_pending_handshake_keeps_its_turn(ours: bool) -> None:
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.metadata import (
+        HeartbeatInfo,
+        NixlConnectorMetadata,
+    )
+
+    w = make_worker(ours)
+    w._pending.add("P0")
+    meta = NixlConnectorMetadata()
+    meta.heartbeat_by_engine = {"P0": HeartbeatInfo(req_ids={"p1"}, host="h", port=1,
+                                                    tp_size=1)}
+    w._send_heartbeats(meta)
+    assert _heartbeats(w) == []
+    w._pending.clear()
+    w._remote_agents["P0"] = {(0, 0): "agent-p0"}
+    w._send_heartbeats(NixlConnectorMetadata())  # the next step: nothing new is due
+    assert _heartbeats(w) == ([b"HB:p1"] if ours else [])
+
+
+def test_late_read_is_told_apart_from_an_unknown_id(clock: dict[str, float]) -> None:
+    w = make_worker(True)
+    w._reqs_to_process.add("r")
+    w._reqs_to_send["r"] = 1010.0
+    clock["t"] = 1011.0
+    assert reap(w) == {"r"}
+    w.nixl_wrapper.deliver("d-agent", b"r:1", b"never-granted:1")
+    assert w._get_new_notifs() == set()
+    assert len(w.xfer_stats.data["num_notifications_after_expiry"]) == 2
+    assert worker_stat(w, "lp_late_reads") == 1  # only r is known to have expired
+
+
+@pytest.mark.parametrize("ours", [False, True], ids=["stock", "leaseproto"])
+def test_malformed_notification(ours: bool) -> None:
+    w = make_worker(ours)
+    w.nixl_wrapper.deliver("d-agent", b"no-colon-here")
+    if not ours:
+        with pytest.raises(ValueError):
+            w._get_new_notifs()  # vLLM's worker loop dies on it
+        return
+    assert w._get_new_notifs() == set()
+    assert worker_stat(w, "lp_malformed") == 1
+
+
+def test_readers_from_the_wire(clock: dict[str, float]) -> None:
+    """vLLM's n: the lease ends after n transfer-dones, as vLLM frees after n."""
+    w = make_worker(True)
+    w._reqs_to_process.add("r")
+    w._reqs_to_send["r"] = 1030.0
+    w.nixl_wrapper.deliver("d0", b"r:2")
+    assert w._get_new_notifs() == set() and "r" in w._reqs_to_send
+    w.nixl_wrapper.deliver("d1", b"r:2")
+    assert w._get_new_notifs() == {"r"}
+    assert "r" not in w._reqs_to_send and "r" not in w._reqs_to_process
+
+
+def test_early_transfer_done_settles_at_grant(clock: dict[str, float]) -> None:
+    """D read before the worker registered the lease (async scheduling): the
+    core stages the transfer-done and the grant frees at once (B7)."""
+    w = make_worker(True)
+    w._reqs_to_process.add("r")
+    w.nixl_wrapper.deliver("d0", b"r:1")
+    assert w._get_new_notifs() == set()
+    w._reqs_to_send["r"] = 1030.0
+    assert reap(w) == {"r"}
+    assert "r" not in w._reqs_to_send and len(w.xfer_stats.data["num_kv_expired_reqs"]) == 0
+
+
+@pytest.mark.parametrize("duration", [5, 1, 0, -6, "30", True])
+def test_bad_lease_duration_stops_start_up(duration: object) -> None:
+    cfg = SimpleNamespace(kv_transfer_config=SimpleNamespace(
+        kv_connector_extra_config={"kv_lease_duration": duration}))
+    for cls in (LeaseprotoConnectorScheduler, LeaseprotoConnectorWorker):
+        with pytest.raises(ValueError, match="kv_lease_duration") as err:
+            cls(cfg, "engine", MagicMock())
+        assert "rule" in str(err.value)
+
+
+def test_p_advertises_leaseproto(clock: dict[str, float]) -> None:
+    from vllm.v1.request import RequestStatus
+
+    s = make_scheduler(True, kv_lease_duration=12)
+    s.engine_id, s.side_channel_host, s.side_channel_port = "P0", "h", 5600
+    s.transfer_tp_size = 1
+    s.is_bidirectional_kv_xfer_enabled = False
+    s.vllm_config = SimpleNamespace(num_prefill_lookahead_tokens=0, parallel_config=SimpleNamespace(
+        decode_context_parallel_size=1, pipeline_parallel_size=1))
+    s.kv_cache_config = MagicMock()
+    s.kv_cache_config.select_transfer_block_ids = lambda b: b
+    req = SimpleNamespace(request_id="p1", status=RequestStatus.FINISHED_LENGTH_CAPPED,
+                          num_computed_tokens=32,
+                          kv_transfer_params={"do_remote_decode": True})
+    delay, params = s.request_finished(req, ([1, 2],))
+    assert delay and params is not None
+    assert params[PARAMS_KEY] == {"v": 1, "lease": {
+        "kv_lease_duration": 12.0, "heartbeat_interval": 2.0, "lease_extension": 8.0}}
+    assert s._reqs_need_send["p1"] == 1012.0
