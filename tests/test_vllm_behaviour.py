@@ -12,18 +12,18 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed (the vLLM venv of .ci/run has it)")
 
-from vllm_stubs import (  # noqa: E402
+from vllm_stubs import (
     d_request,
     make_scheduler,
     make_worker,
     worker_stat,
 )
 
-from leaseproto.integrations.vllm.scheduler import (  # noqa: E402
+from leaseproto.integrations.vllm.scheduler import (
     PARAMS_KEY,
     LeaseprotoConnectorScheduler,
 )
-from leaseproto.integrations.vllm.worker import LeaseprotoConnectorWorker  # noqa: E402
+from leaseproto.integrations.vllm.worker import LeaseprotoConnectorWorker
 
 pytestmark = pytest.mark.vllm
 
@@ -112,8 +112,9 @@ def test_heartbeat_split_at_max_notification_bytes(ours: bool) -> None:
         NixlConnectorMetadata,
     )
 
-    w = make_worker(ours, extra={"max_notification_bytes": 256},
-                    agents={"P0": {(0, 0): "agent-p0"}})
+    w = make_worker(
+        ours, extra={"max_notification_bytes": 256}, agents={"P0": {(0, 0): "agent-p0"}}
+    )
     ids = {f"cmpl-{i:04d}-0123abcd" for i in range(40)}  # 40 * 20 bytes
     meta = NixlConnectorMetadata()
     meta.heartbeat_by_engine = {"P0": HeartbeatInfo(req_ids=ids, host="h", port=1, tp_size=1)}
@@ -137,8 +138,7 @@ def test_pending_handshake_keeps_its_turn(ours: bool) -> None:
     w = make_worker(ours)
     w._pending.add("P0")
     meta = NixlConnectorMetadata()
-    meta.heartbeat_by_engine = {"P0": HeartbeatInfo(req_ids={"p1"}, host="h", port=1,
-                                                    tp_size=1)}
+    meta.heartbeat_by_engine = {"P0": HeartbeatInfo(req_ids={"p1"}, host="h", port=1, tp_size=1)}
     w._send_heartbeats(meta)
     assert _heartbeats(w) == []
     w._pending.clear()
@@ -197,8 +197,11 @@ def test_early_transfer_done_settles_at_grant(clock: dict[str, float]) -> None:
 
 @pytest.mark.parametrize("duration", [5, 1, 0, -6, "30", True])
 def test_bad_lease_duration_stops_start_up(duration: object) -> None:
-    cfg = SimpleNamespace(kv_transfer_config=SimpleNamespace(
-        kv_connector_extra_config={"kv_lease_duration": duration}))
+    cfg = SimpleNamespace(
+        kv_transfer_config=SimpleNamespace(
+            kv_connector_extra_config={"kv_lease_duration": duration}
+        )
+    )
     for cls in (LeaseprotoConnectorScheduler, LeaseprotoConnectorWorker):
         with pytest.raises(ValueError, match="kv_lease_duration") as err:
             cls(cfg, "engine", MagicMock())
@@ -212,15 +215,22 @@ def test_p_advertises_leaseproto(clock: dict[str, float]) -> None:
     s.engine_id, s.side_channel_host, s.side_channel_port = "P0", "h", 5600
     s.transfer_tp_size = 1
     s.is_bidirectional_kv_xfer_enabled = False
-    s.vllm_config = SimpleNamespace(num_prefill_lookahead_tokens=0, parallel_config=SimpleNamespace(
-        decode_context_parallel_size=1, pipeline_parallel_size=1))
+    s.vllm_config = SimpleNamespace(
+        num_prefill_lookahead_tokens=0,
+        parallel_config=SimpleNamespace(decode_context_parallel_size=1, pipeline_parallel_size=1),
+    )
     s.kv_cache_config = MagicMock()
     s.kv_cache_config.select_transfer_block_ids = lambda b: b
-    req = SimpleNamespace(request_id="p1", status=RequestStatus.FINISHED_LENGTH_CAPPED,
-                          num_computed_tokens=32,
-                          kv_transfer_params={"do_remote_decode": True})
+    req = SimpleNamespace(
+        request_id="p1",
+        status=RequestStatus.FINISHED_LENGTH_CAPPED,
+        num_computed_tokens=32,
+        kv_transfer_params={"do_remote_decode": True},
+    )
     delay, params = s.request_finished(req, ([1, 2],))
     assert delay and params is not None
-    assert params[PARAMS_KEY] == {"v": 1, "lease": {
-        "kv_lease_duration": 12.0, "heartbeat_interval": 2.0, "lease_extension": 8.0}}
+    assert params[PARAMS_KEY] == {
+        "v": 1,
+        "lease": {"kv_lease_duration": 12.0, "heartbeat_interval": 2.0, "lease_extension": 8.0},
+    }
     assert s._reqs_need_send["p1"] == 1012.0

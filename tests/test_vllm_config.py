@@ -36,31 +36,45 @@ def test_degenerate_vllm_derivation_is_refused(duration: float) -> None:
         lease_config_from_extra_config({"kv_lease_duration": duration})
 
 
-@pytest.mark.parametrize(("extra", "rule"), [
-    ({"kv_lease_duration": 0}, "C1"), ({"kv_lease_duration": "30"}, "C1"),
-    ({"kv_lease_duration": True}, "C1"), ({"kv_lease_duration": float("nan")}, "C1"),
-    ({"kv_lease_duration": 30, "lease_extension": 4}, "C2"),
-    ({"kv_lease_duration": 30, "max_notification_bytes": 10}, "C5"),
-])
+@pytest.mark.parametrize(
+    ("extra", "rule"),
+    [
+        ({"kv_lease_duration": 0}, "C1"),
+        ({"kv_lease_duration": "30"}, "C1"),
+        ({"kv_lease_duration": True}, "C1"),
+        ({"kv_lease_duration": float("nan")}, "C1"),
+        ({"kv_lease_duration": 30, "lease_extension": 4}, "C2"),
+        ({"kv_lease_duration": 30, "max_notification_bytes": 10}, "C5"),
+    ],
+)
 def test_bad_values_name_key_and_rule(extra: dict[str, object], rule: str) -> None:
     with pytest.raises(ValueError, match=rule):
         lease_config_from_extra_config(extra)
 
 
 def test_explicit_settings_and_foreign_keys() -> None:
-    cfg = lease_config_from_extra_config({"kv_lease_duration": 30, "heartbeat_interval": 2.5,
-                                          "backends": ["UCX"], "bidirectional_kv_xfer": False})
+    cfg = lease_config_from_extra_config(
+        {
+            "kv_lease_duration": 30,
+            "heartbeat_interval": 2.5,
+            "backends": ["UCX"],
+            "bidirectional_kv_xfer": False,
+        }
+    )
     assert cfg == LeaseConfig(30, heartbeat_interval=2.5, lease_extension=20)
 
 
 def test_import_leaseproto_never_imports_vllm() -> None:
-    code = ("import sys, leaseproto, leaseproto.integrations.vllm, "
-            "leaseproto.integrations.vllm.config, leaseproto.integrations.vllm.differences, "
-            "leaseproto.integrations.vllm.leases; "
-            "bad = [m for m in sys.modules if m.split('.')[0] in ('vllm', 'torch', 'transformers')]; "
-            "print(bad); sys.exit(1 if bad else 0)")
-    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                       check=False)
+    code = (
+        "import sys, leaseproto, leaseproto.integrations.vllm, "
+        "leaseproto.integrations.vllm.config, leaseproto.integrations.vllm.differences, "
+        "leaseproto.integrations.vllm.leases; "
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('vllm', 'torch', 'transformers')]; "
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=False
+    )
     assert r.returncode == 0, r.stdout + r.stderr
 
 

@@ -65,6 +65,7 @@ def test_delete_aborts() -> None:
 
 def test_setting_a_live_lease_again_replaces_it() -> None:
     lp, view, _ = make()
+    assert not lp.table
     view["a"] = 130.0
     view["a"] = 140.0
     assert view["a"] == 140.0 and len(view) == 1

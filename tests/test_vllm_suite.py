@@ -27,16 +27,23 @@ from leaseproto.integrations.vllm.differences import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-TARBALL = Path(os.environ.get("LEASEPROTO_VLLM_TESTS",
-                              ROOT.parent / "shared" / "peers" / "vllm-0.32.0-tests.tar.gz"))
+TARBALL = Path(
+    os.environ.get(
+        "LEASEPROTO_VLLM_TESTS", ROOT.parent / "shared" / "peers" / "vllm-0.32.0-tests.tar.gz"
+    )
+)
 HF_OFFLINE = TARBALL.parent / "hf-offline"
 PLUGIN = "leaseproto.integrations.vllm.pytest_plugin"
-REAL_ENGINE = "tests/v1/kv_connector/unit/test_nixl_connector.py::test_abort_timeout_on_prefiller[None]"
+REAL_ENGINE = (
+    "tests/v1/kv_connector/unit/test_nixl_connector.py::test_abort_timeout_on_prefiller[None]"
+)
 
 pytestmark = [
     pytest.mark.vllm,
-    pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
-                       reason="vLLM is not installed (the vLLM venv of .ci/run has it)"),
+    pytest.mark.skipif(
+        importlib.util.find_spec("vllm") is None,
+        reason="vLLM is not installed (the vLLM venv of .ci/run has it)",
+    ),
     pytest.mark.skipif(not TARBALL.exists(), reason=f"vLLM's tests not found at {TARBALL}"),
 ]
 
@@ -49,33 +56,60 @@ def suite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict
     with tarfile.open(TARBALL) as tar:
         tar.extractall(top, filter="data")
     model = build_tiny_model(top / "tiny-qwen3")
-    home = hf_cache_with(top / "hf", {"Qwen/Qwen3-0.6B": model},
-                         base=HF_OFFLINE if HF_OFFLINE.exists() else None)
-    env = {**os.environ, "HF_HOME": str(home), "HF_HUB_OFFLINE": "1",
-           "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONPATH": str(ROOT)}
+    home = hf_cache_with(
+        top / "hf", {"Qwen/Qwen3-0.6B": model}, base=HF_OFFLINE if HF_OFFLINE.exists() else None
+    )
+    env = {
+        **os.environ,
+        "HF_HOME": str(home),
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "PYTHONPATH": str(ROOT),
+    }
     yield top, env
 
 
-def run_vllm_tests(suite: tuple[Path, dict[str, str]], args: list[str], *, ours: bool,
-                   name: str) -> dict[str, str]:
+def run_vllm_tests(
+    suite: tuple[Path, dict[str, str]], args: list[str], *, ours: bool, name: str
+) -> dict[str, str]:
     """Run pytest in the unpacked tree; returns node id -> passed|failed|error|skipped."""
     top, env = suite
     junit = top / f"{name}.xml"
     plugin = ["-p", PLUGIN] if ours else []
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                        *plugin, f"--junitxml={junit}", *args], cwd=top, env=env,
-                       capture_output=True, text=True, timeout=3000, check=False)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            *plugin,
+            f"--junitxml={junit}",
+            *args,
+        ],
+        cwd=top,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=3000,
+        check=False,
+    )
     if not junit.exists():
-        pytest.fail(f"vLLM's tests did not run (rc {r.returncode}):\n{r.stdout[-4000:]}"
-                    f"\n{r.stderr[-4000:]}")
+        pytest.fail(
+            f"vLLM's tests did not run (rc {r.returncode}):\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
+        )
     out: dict[str, str] = {}
     for case in ET.parse(junit).getroot().iter("testcase"):
         path = case.get("classname", "").replace(".", "/")
         cls_split = path.rsplit("/", 1)
         # classname is "tests.v1....test_file" or "...test_file.TestClass"
         file = path + ".py" if not cls_split[-1][:1].isupper() else cls_split[0] + ".py"
-        node = (f"{file}::{cls_split[-1]}::{case.get('name')}" if cls_split[-1][:1].isupper()
-                else f"{file}::{case.get('name')}")
+        node = (
+            f"{file}::{cls_split[-1]}::{case.get('name')}"
+            if cls_split[-1][:1].isupper()
+            else f"{file}::{case.get('name')}"
+        )
         status = "passed"
         for child in case:
             if child.tag in ("failure", "error", "skipped"):
@@ -89,8 +123,7 @@ def test_vllm_lease_tests_pass_under_leaseproto(suite: tuple[Path, dict[str, str
     full = os.environ.get("LEASEPROTO_VLLM_SUITE") == "full"
     select = [] if full else ["-k", LEASE_TEST_SELECTION]
     deselect = [a for node in DIFFERENCES for a in ("--deselect", node)]
-    res = run_vllm_tests(suite, [*LEASE_TEST_FILES, *select, *deselect], ours=True,
-                         name="ours")
+    res = run_vllm_tests(suite, [*LEASE_TEST_FILES, *select, *deselect], ours=True, name="ours")
     tail = res.pop("__tail__")
     bad = {n: s for n, s in res.items() if s not in ("passed", "skipped")}
     if full:  # ray executors are unsupported on the CPU platform
@@ -103,7 +136,8 @@ def test_vllm_lease_tests_pass_under_leaseproto(suite: tuple[Path, dict[str, str
 
 
 def test_listed_differences_fail_under_leaseproto_and_pass_on_stock(
-        suite: tuple[Path, dict[str, str]]) -> None:
+    suite: tuple[Path, dict[str, str]],
+) -> None:
     nodes = list(DIFFERENCES)
     ours = run_vllm_tests(suite, nodes, ours=True, name="diff-ours")
     stock = run_vllm_tests(suite, nodes, ours=False, name="diff-stock")
@@ -113,13 +147,15 @@ def test_listed_differences_fail_under_leaseproto_and_pass_on_stock(
 
 
 def test_plugin_swaps_every_name() -> None:
-    import vllm.distributed.kv_transfer.kv_connector.v1.nixl as nixl
+    from vllm.distributed.kv_transfer.kv_connector.v1 import nixl
     from vllm.distributed.kv_transfer.kv_connector.v1.nixl import connector, scheduler, worker
 
     from leaseproto.integrations.vllm import pytest_plugin
 
-    saved = {m: {n: getattr(importlib.import_module(m), n) for n, _ in names}
-             for m, names in pytest_plugin.SWAPPED.items()}
+    saved = {
+        m: {n: getattr(importlib.import_module(m), n) for n, _ in names}
+        for m, names in pytest_plugin.SWAPPED.items()
+    }
     try:
         ours = pytest_plugin.install()
         assert nixl.NixlConnectorWorker is ours["worker"] is worker.NixlConnectorWorker

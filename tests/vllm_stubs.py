@@ -40,12 +40,20 @@ class RecordingNixl:
         self.inbox.setdefault(agent, []).extend(msgs)
 
 
-def make_worker(ours: bool, *, kv_lease_duration: int = 30, extra: dict[str, Any] | None = None,
-                agents: dict[str, dict[tuple[int, int], str]] | None = None) -> Any:
+def make_worker(
+    ours: bool,
+    *,
+    kv_lease_duration: int = 30,
+    extra: dict[str, Any] | None = None,
+    agents: dict[str, dict[tuple[int, int], str]] | None = None,
+) -> Any:
     cls = LeaseprotoConnectorWorker if ours else NixlPullConnectorWorker
     w = object.__new__(cls)
-    w.vllm_config = SimpleNamespace(kv_transfer_config=SimpleNamespace(
-        kv_connector_extra_config={"kv_lease_duration": kv_lease_duration, **(extra or {})}))
+    w.vllm_config = SimpleNamespace(
+        kv_transfer_config=SimpleNamespace(
+            kv_connector_extra_config={"kv_lease_duration": kv_lease_duration, **(extra or {})}
+        )
+    )
     w._reqs_to_send = {}
     w._lease_extension = kv_lease_duration * 2 // 3
     w._reqs_to_process = set()
@@ -92,10 +100,19 @@ def make_scheduler(ours: bool, *, kv_lease_duration: int = 30) -> Any:
 
 def d_request(local_id: str, remote_id: str, engine: str = "P0") -> Any:
     """A request entering D's waiting queue, P's transfer parameters attached."""
-    return SimpleNamespace(request_id=local_id, kv_transfer_params={
-        "do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": engine,
-        "remote_request_id": remote_id, "remote_host": "p-host", "remote_port": 5600,
-        "tp_size": 1, "remote_block_ids": ([1, 2],)})
+    return SimpleNamespace(
+        request_id=local_id,
+        kv_transfer_params={
+            "do_remote_prefill": True,
+            "do_remote_decode": False,
+            "remote_engine_id": engine,
+            "remote_request_id": remote_id,
+            "remote_host": "p-host",
+            "remote_port": 5600,
+            "tp_size": 1,
+            "remote_block_ids": ([1, 2],),
+        },
+    )
 
 
 def worker_stat(w: Any, key: str) -> int:

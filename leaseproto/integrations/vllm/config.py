@@ -56,7 +56,8 @@ def lease_config_from_extra_config(extra: Mapping[str, Any] | None) -> LeaseConf
             raise ValueError(
                 f"kv_lease_duration={duration!r} must be at least 6 (rule V1: vLLM derives the "
                 f"heartbeat interval as kv_lease_duration // 6 = {interval:g}, i.e. a heartbeat "
-                "on every engine step)")
+                "on every engine step)"
+            )
         known.setdefault("heartbeat_interval", interval)
         known.setdefault("lease_extension", extension)
     return LeaseConfig.from_extra_config(known)

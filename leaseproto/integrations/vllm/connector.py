@@ -27,18 +27,27 @@ class LeaseprotoConnector(NixlPullConnector):  # type: ignore[misc]
         super(NixlPullConnector, self).__init__(vllm_config, role, kv_cache_config)
         if role == KVConnectorRole.SCHEDULER:
             self.connector_scheduler = LeaseprotoConnectorScheduler(
-                vllm_config, self.engine_id, kv_cache_config)
+                vllm_config, self.engine_id, kv_cache_config
+            )
         elif role == KVConnectorRole.WORKER:
             self.connector_worker = LeaseprotoConnectorWorker(
-                vllm_config, self.engine_id, kv_cache_config)
+                vllm_config, self.engine_id, kv_cache_config
+            )
 
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> Any:
-        return (LeaseprotoKVConnectorStats(data=data) if data is not None
-                else LeaseprotoKVConnectorStats())
+        return (
+            LeaseprotoKVConnectorStats(data=data)
+            if data is not None
+            else LeaseprotoKVConnectorStats()
+        )
 
     @classmethod
-    def build_prom_metrics(cls, vllm_config: Any, metric_types: Any, labelnames: list[str],
-                           per_engine_labelvalues: dict[int, list[object]]) -> Any:
-        return LeaseprotoPromMetrics(vllm_config, metric_types, labelnames,
-                                     per_engine_labelvalues)
+    def build_prom_metrics(
+        cls,
+        vllm_config: Any,
+        metric_types: Any,
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> Any:
+        return LeaseprotoPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)

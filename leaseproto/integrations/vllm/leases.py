@@ -94,7 +94,8 @@ class WorkerLeases:
         now = self.now()
         if _CORE_READERS:
             out: Release | LateTransfer | None = cast(Any, self.table).transfer_done(
-                req_id, now=now, readers=readers)
+                req_id, now=now, readers=readers
+            )
             return out
         if req_id in self.table:
             done = self._counts.get(req_id, 0) + 1

@@ -19,13 +19,21 @@ _NIXL = "vllm.distributed.kv_transfer.kv_connector.v1.nixl"
 
 #: module -> names rebound there: (name, "scheduler" | "worker")
 SWAPPED: dict[str, tuple[tuple[str, str], ...]] = {
-    _NIXL: (("NixlConnectorScheduler", "scheduler"), ("NixlPullConnectorScheduler", "scheduler"),
-            ("NixlConnectorWorker", "worker"), ("NixlPullConnectorWorker", "worker")),
-    _NIXL + ".scheduler": (("NixlConnectorScheduler", "scheduler"),
-                           ("NixlPullConnectorScheduler", "scheduler")),
+    _NIXL: (
+        ("NixlConnectorScheduler", "scheduler"),
+        ("NixlPullConnectorScheduler", "scheduler"),
+        ("NixlConnectorWorker", "worker"),
+        ("NixlPullConnectorWorker", "worker"),
+    ),
+    _NIXL + ".scheduler": (
+        ("NixlConnectorScheduler", "scheduler"),
+        ("NixlPullConnectorScheduler", "scheduler"),
+    ),
     _NIXL + ".worker": (("NixlConnectorWorker", "worker"), ("NixlPullConnectorWorker", "worker")),
-    _NIXL + ".connector": (("NixlPullConnectorScheduler", "scheduler"),
-                           ("NixlPullConnectorWorker", "worker")),
+    _NIXL + ".connector": (
+        ("NixlPullConnectorScheduler", "scheduler"),
+        ("NixlPullConnectorWorker", "worker"),
+    ),
 }
 
 
@@ -34,8 +42,10 @@ def install() -> dict[str, type]:
     from .scheduler import LeaseprotoConnectorScheduler
     from .worker import LeaseprotoConnectorWorker
 
-    ours: dict[str, type] = {"scheduler": LeaseprotoConnectorScheduler,
-                             "worker": LeaseprotoConnectorWorker}
+    ours: dict[str, type] = {
+        "scheduler": LeaseprotoConnectorScheduler,
+        "worker": LeaseprotoConnectorWorker,
+    }
     for module_name, names in SWAPPED.items():
         module = importlib.import_module(module_name)
         for name, side in names:

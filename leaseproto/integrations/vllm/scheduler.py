@@ -65,8 +65,14 @@ class _Tracking:
 
     def info(self, engine: str, remote_ids: list[str]) -> HeartbeatInfo:
         a = self.addr[engine]
-        return HeartbeatInfo(req_ids=set(remote_ids), host=a.host, port=a.port,
-                             tp_size=a.tp_size, dcp_size=a.dcp_size, pp_size=a.pp_size)
+        return HeartbeatInfo(
+            req_ids=set(remote_ids),
+            host=a.host,
+            port=a.port,
+            tp_size=a.tp_size,
+            dcp_size=a.dcp_size,
+            pp_size=a.pp_size,
+        )
 
 
 def _config_of(obj: object) -> LeaseConfig:
@@ -104,8 +110,10 @@ class LeaseprotoConnectorScheduler(NixlPullConnectorScheduler):  # type: ignore[
     @_heartbeat_by_engine.setter
     def _heartbeat_by_engine(self, value: dict[str, HeartbeatInfo]) -> None:
         if value:
-            raise ValueError("_heartbeat_by_engine is derived from the heartbeat tracker; "
-                             "track requests with on_new_request")
+            raise ValueError(
+                "_heartbeat_by_engine is derived from the heartbeat tracker; "
+                "track requests with on_new_request"
+            )
         self.__dict__["_lp"] = _Tracking(_config_of(self))
 
     @property
@@ -127,18 +135,22 @@ class LeaseprotoConnectorScheduler(NixlPullConnectorScheduler):  # type: ignore[
             return
         engine = params.get("remote_engine_id")
         remote = params.get("remote_request_id")
-        host, port, tp = params.get("remote_host"), params.get("remote_port"), params.get(
-            "tp_size")
+        host, port, tp = params.get("remote_host"), params.get("remote_port"), params.get("tp_size")
         if engine is None or remote is None or host is None or port is None or tp is None:
             return
         lp = self._tracking()
         if request.request_id in lp.tracker:
             return
         if engine not in lp.addr:
-            lp.addr[engine] = _Address(host, port, tp, params.get("dcp_size", 1),
-                                       params.get("pp_size", 1), PARAMS_KEY in params)
-        lp.tracker.track(request.request_id, engine_id=engine, remote_req_id=remote,
-                         now=lp.now())
+            lp.addr[engine] = _Address(
+                host,
+                port,
+                tp,
+                params.get("dcp_size", 1),
+                params.get("pp_size", 1),
+                PARAMS_KEY in params,
+            )
+        lp.tracker.track(request.request_id, engine_id=engine, remote_req_id=remote, now=lp.now())
 
     def _stop_heartbeat(self, req_id: str) -> None:
         lp = self._tracking()
@@ -167,8 +179,12 @@ class LeaseprotoConnectorScheduler(NixlPullConnectorScheduler):  # type: ignore[
         delay, params = super().request_finished(request, block_ids)
         if params is not None and params.get("do_remote_prefill"):
             cfg = self._tracking().config
-            params[PARAMS_KEY] = {"v": 1, "lease": {
-                "kv_lease_duration": cfg.kv_lease_duration,
-                "heartbeat_interval": cfg.heartbeat_interval,
-                "lease_extension": cfg.lease_extension}}
+            params[PARAMS_KEY] = {
+                "v": 1,
+                "lease": {
+                    "kv_lease_duration": cfg.kv_lease_duration,
+                    "heartbeat_interval": cfg.heartbeat_interval,
+                    "lease_extension": cfg.lease_extension,
+                },
+            }
         return delay, params

@@ -19,25 +19,40 @@ __all__ = ["COUNTERS", "LeaseprotoKVConnectorStats", "LeaseprotoPromMetrics"]
 
 #: stats key -> (Prometheus name, help)
 COUNTERS: dict[str, tuple[str, str]] = {
-    "lp_leases_granted": ("vllm:leaseproto_leases_granted",
-                          "KV leases granted on P (leaseproto)."),
-    "lp_leases_renewed": ("vllm:leaseproto_leases_renewed",
-                          "Lease renewals from D's heartbeats on P."),
-    "lp_heartbeat_ids_unknown": ("vllm:leaseproto_heartbeat_ids_unknown",
-                                 "Heartbeat ids naming no lease P holds."),
-    "lp_heartbeat_ids_late": ("vllm:leaseproto_heartbeat_ids_late",
-                              "Heartbeat ids naming a lease that had ended or lapsed."),
-    "lp_late_reads": ("vllm:leaseproto_late_reads",
-                      "Transfer-dones after the lease had ended (expired or aborted)."),
+    "lp_leases_granted": ("vllm:leaseproto_leases_granted", "KV leases granted on P (leaseproto)."),
+    "lp_leases_renewed": (
+        "vllm:leaseproto_leases_renewed",
+        "Lease renewals from D's heartbeats on P.",
+    ),
+    "lp_heartbeat_ids_unknown": (
+        "vllm:leaseproto_heartbeat_ids_unknown",
+        "Heartbeat ids naming no lease P holds.",
+    ),
+    "lp_heartbeat_ids_late": (
+        "vllm:leaseproto_heartbeat_ids_late",
+        "Heartbeat ids naming a lease that had ended or lapsed.",
+    ),
+    "lp_late_reads": (
+        "vllm:leaseproto_late_reads",
+        "Transfer-dones after the lease had ended (expired or aborted).",
+    ),
     "lp_aborted": ("vllm:leaseproto_leases_aborted", "Leases released by D's abort."),
-    "lp_malformed": ("vllm:leaseproto_malformed_notifications",
-                     "Notifications that were not valid messages (counted and dropped)."),
-    "lp_heartbeats_sent": ("vllm:leaseproto_heartbeats_sent",
-                           "Heartbeat notifications sent by D (after splitting)."),
-    "lp_heartbeats_deferred": ("vllm:leaseproto_heartbeats_deferred",
-                               "Heartbeats held for a pending handshake, sent once it is done."),
-    "lp_heartbeat_send_failures": ("vllm:leaseproto_heartbeat_send_failures",
-                                   "Heartbeat notifications NIXL failed to send."),
+    "lp_malformed": (
+        "vllm:leaseproto_malformed_notifications",
+        "Notifications that were not valid messages (counted and dropped).",
+    ),
+    "lp_heartbeats_sent": (
+        "vllm:leaseproto_heartbeats_sent",
+        "Heartbeat notifications sent by D (after splitting).",
+    ),
+    "lp_heartbeats_deferred": (
+        "vllm:leaseproto_heartbeats_deferred",
+        "Heartbeats held for a pending handshake, sent once it is done.",
+    ),
+    "lp_heartbeat_send_failures": (
+        "vllm:leaseproto_heartbeat_send_failures",
+        "Heartbeat notifications NIXL failed to send.",
+    ),
 }
 
 
@@ -73,13 +88,19 @@ class LeaseprotoKVConnectorStats(NixlKVConnectorStats):  # type: ignore[misc]
 class LeaseprotoPromMetrics(NixlPromMetrics):  # type: ignore[misc]
     """vLLM's NIXL Prometheus metrics plus one counter per :data:`COUNTERS` key."""
 
-    def __init__(self, vllm_config: Any, metric_types: Any, labelnames: list[str],
-                 per_engine_labelvalues: dict[int, list[object]]) -> None:
+    def __init__(
+        self,
+        vllm_config: Any,
+        metric_types: Any,
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> None:
         super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
         self.lp_counters = {
             key: create_metric_per_engine(
                 self._counter_cls(name=name, documentation=doc, labelnames=labelnames),
-                self.per_engine_labelvalues)
+                self.per_engine_labelvalues,
+            )
             for key, (name, doc) in COUNTERS.items()
         }
 

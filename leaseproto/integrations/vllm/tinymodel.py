@@ -18,9 +18,30 @@ _SNAPSHOT = "0" * 40
 
 
 def _corpus() -> list[str]:
-    words = ["the", "cache", "lease", "prefill", "decode", "block", "heartbeat", "request",
-             "engine", "token", "read", "model", "tiny", "random", "server", "queue", "stall",
-             "kill", "grant", "renew", "expire", "abort"]
+    words = [
+        "the",
+        "cache",
+        "lease",
+        "prefill",
+        "decode",
+        "block",
+        "heartbeat",
+        "request",
+        "engine",
+        "token",
+        "read",
+        "model",
+        "tiny",
+        "random",
+        "server",
+        "queue",
+        "stall",
+        "kill",
+        "grant",
+        "renew",
+        "expire",
+        "abort",
+    ]
     return [" ".join(words[(i * 7 + j * 3) % len(words)] for j in range(12)) for i in range(200)]
 
 
@@ -37,24 +58,42 @@ def build_tiny_model(path: str | Path, *, seed: int = 0, layers: int = 2) -> Pat
     out.mkdir(parents=True, exist_ok=True)
     tok = Tokenizer(models.WordLevel(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.train_from_iterator(_corpus(), trainers.WordLevelTrainer(
-        special_tokens=["<unk>", "<s>", "</s>", "<pad>"], vocab_size=512))
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
-                                   eos_token="</s>", pad_token="<pad>")
+    tok.train_from_iterator(
+        _corpus(),
+        trainers.WordLevelTrainer(special_tokens=["<unk>", "<s>", "</s>", "<pad>"], vocab_size=512),
+    )
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        unk_token="<unk>",
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+    )
     fast.save_pretrained(out)
     torch.manual_seed(seed)
     cfg: Any = Qwen3Config(
-        vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=layers,
-        num_attention_heads=2, num_key_value_heads=2, head_dim=64, max_position_embeddings=1024,
-        bos_token_id=1, eos_token_id=2, pad_token_id=3, tie_word_embeddings=True,
-        torch_dtype="bfloat16")
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=64,
+        max_position_embeddings=1024,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=3,
+        tie_word_embeddings=True,
+        torch_dtype="bfloat16",
+    )
     model = Qwen3ForCausalLM(cfg).to(torch.bfloat16)
     model.save_pretrained(out)
     return out
 
 
-def hf_cache_with(home: str | Path, models: dict[str, Path],
-                  base: str | Path | None = None) -> Path:
+def hf_cache_with(
+    home: str | Path, models: dict[str, Path], base: str | Path | None = None
+) -> Path:
     """An ``HF_HOME`` folder whose ``hub`` holds ``base`` (a hub cache, e.g. the
     peers' ``hf-offline``) plus each model dir under its hub name. Returns home."""
     home = Path(home)

@@ -115,8 +115,7 @@ class LeaseprotoConnectorWorker(NixlPullConnectorWorker):  # type: ignore[misc]
                 self._released(release, done)
         else:
             self._stat("lp_malformed")
-            logger.warning("Dropped a %s from %s: not a message for P", type(msg).__name__,
-                           agent)
+            logger.warning("Dropped a %s from %s: not a message for P", type(msg).__name__, agent)
 
     def _handle_heartbeat(self, payload: str) -> None:
         try:
@@ -141,8 +140,11 @@ class LeaseprotoConnectorWorker(NixlPullConnectorWorker):  # type: ignore[misc]
     def _transfer_done(self, req_id: str, readers: int, done: set[str]) -> None:
         lp = self._leases()
         table = lp.table
-        known = (req_id in table or table.ended(req_id) is not None
-                 or req_id in getattr(self, "_reqs_to_process", ()))
+        known = (
+            req_id in table
+            or table.ended(req_id) is not None
+            or req_id in getattr(self, "_reqs_to_process", ())
+        )
         if not known:
             self._unrecognized(req_id, None)
             return
@@ -156,8 +158,12 @@ class LeaseprotoConnectorWorker(NixlPullConnectorWorker):  # type: ignore[misc]
     def _unrecognized(self, req_id: str, ended: ReleaseReason | None) -> None:
         self.xfer_stats.record_notification_after_expiry()
         how = "unrecognized" if ended is None else f"{ended.value}"
-        logger.error("Potentially invalid KV blocks for %s request %s were retrieved by a "
-                     "decode worker after its lease ended.", how, req_id)
+        logger.error(
+            "Potentially invalid KV blocks for %s request %s were retrieved by a "
+            "decode worker after its lease ended.",
+            how,
+            req_id,
+        )
 
     def _released(self, release: Release, done: set[str]) -> None:
         self._leases().forget(release.req_id)
@@ -174,9 +180,12 @@ class LeaseprotoConnectorWorker(NixlPullConnectorWorker):  # type: ignore[misc]
         for release in lp.reap():
             readers = lp.readers_done(release.req_id)
             self.xfer_stats.record_kv_expired_req()
-            logger.warning("Releasing expired KV blocks for request %s which were retrieved "
-                           "by %d remote worker(s) before lease expired.",
-                           release.req_id, readers)
+            logger.warning(
+                "Releasing expired KV blocks for request %s which were retrieved "
+                "by %d remote worker(s) before lease expired.",
+                release.req_id,
+                readers,
+            )
             self._released(release, done_sending)
 
     # -- D: heartbeats ----------------------------------------------------------------------
@@ -187,8 +196,14 @@ class LeaseprotoConnectorWorker(NixlPullConnectorWorker):  # type: ignore[misc]
         max_bytes = self._leases().config.max_notification_bytes
         for engine_id, info in due.items():
             pending = self._ensure_handshake(
-                engine_id, info.host, info.port, info.tp_size, info.dcp_size, info.pp_size,
-                self._hb_handshake_notif_only and info.pp_size > 1)
+                engine_id,
+                info.host,
+                info.port,
+                info.tp_size,
+                info.dcp_size,
+                info.pp_size,
+                self._hb_handshake_notif_only and info.pp_size > 1,
+            )
             if pending is not None:
                 deferred[engine_id] = info  # keeps its turn: sent once the handshake is done
                 self._stat("lp_heartbeats_deferred")
@@ -202,8 +217,9 @@ class LeaseprotoConnectorWorker(NixlPullConnectorWorker):  # type: ignore[misc]
                         self._stat("lp_heartbeats_sent")
                     except Exception:
                         self._stat("lp_heartbeat_send_failures")
-                        logger.debug("Failed to send heartbeat to engine %s", engine_id,
-                                     exc_info=True)
+                        logger.debug(
+                            "Failed to send heartbeat to engine %s", engine_id, exc_info=True
+                        )
 
     @staticmethod
     def _encode_heartbeat(ids: set[str], max_bytes: int) -> list[bytes]:
