@@ -30,7 +30,7 @@ from . import bmc, model, timing
 from . import counterexamples as cx
 from . import invariants as inv_mod
 from .kit import System, fmt, model_value
-from .options import TIMEOUT_MS, add_arguments
+from .options import SYSTEMS, TIMEOUT_MS, add_arguments
 
 SEED = 0
 
@@ -107,6 +107,7 @@ def system_obligations(sys_: System, invs: Sequence[Any]) -> list[Obligation]:
     ax = sys_.axioms(p)
     state_invs = [i for i in invs if i.kind == "state"]
     step_invs = [i for i in invs if i.kind == "step"]
+    names = _part_names(state_invs) + _part_names(step_invs)
     all_pre = [i.pred(s, p) for i in state_invs]
     n = sys_.name
 
@@ -123,11 +124,11 @@ def system_obligations(sys_: System, invs: Sequence[Any]) -> list[Obligation]:
             why="the axioms and initial states are unsatisfiable",
         )
     ]
-    for i in state_invs:
+    for k, i in enumerate(state_invs):
         obs.append(
             Obligation(
                 n,
-                f"init => {i.id}",
+                f"init => {names[k]}",
                 (i.id,),
                 "unsat",
                 [ax, sys_.init(s, p), z3.Not(i.pred(s, p))],
@@ -160,11 +161,11 @@ def system_obligations(sys_: System, invs: Sequence[Any]) -> list[Obligation]:
                 params_line(m),
             ]
 
-        for i in state_invs:
+        for k, i in enumerate(state_invs):
             obs.append(
                 Obligation(
                     n,
-                    f"{i.id} preserved by {t.name}",
+                    f"{names[k]} preserved by {t.name}",
                     (i.id,),
                     "unsat",
                     [ax, *all_pre, rel, z3.Not(i.pred(s2, p))],
@@ -172,11 +173,11 @@ def system_obligations(sys_: System, invs: Sequence[Any]) -> list[Obligation]:
                     why=f"invariant {i.id} is not preserved by transition {t.name}: {i.text}",
                 )
             )
-        for i in step_invs:
+        for k, i in enumerate(step_invs, start=len(state_invs)):
             obs.append(
                 Obligation(
                     n,
-                    f"{i.id} holds across {t.name}",
+                    f"{names[k]} holds across {t.name}",
                     (i.id,),
                     "unsat",
                     [ax, *all_pre, rel, z3.Not(i.pred(s, s2, a, p, t=t, out=out))],
@@ -185,6 +186,20 @@ def system_obligations(sys_: System, invs: Sequence[Any]) -> list[Obligation]:
                 )
             )
     return obs
+
+
+def _part_names(invs: Sequence[Any]) -> list[str]:
+    """Each invariant's name in labels: its id, or ``I6.1``, ``I6.2``... when one id
+    has several parts of one kind in a system, so no two obligations share a label."""
+    counts: dict[str, int] = {}
+    for i in invs:
+        counts[i.id] = counts.get(i.id, 0) + 1
+    seen: dict[str, int] = {}
+    names = []
+    for i in invs:
+        seen[i.id] = seen.get(i.id, 0) + 1
+        names.append(i.id if counts[i.id] == 1 else f"{i.id}.{seen[i.id]}")
+    return names
 
 
 def theorem_obligations(theorems: Sequence[model.Theorem]) -> list[Obligation]:
@@ -299,7 +314,11 @@ def run(
     start = time.perf_counter()
     obs = select(all_obligations(system), only, system)
     if not obs:
-        print(f"no obligation matches only={only!r} system={system!r}", file=out)
+        asked = " ".join(f"--{k} {v}" for k, v in (("only", only), ("system", system)) if v)
+        print(
+            f"leaseproto prove: no obligation matches {asked} (systems: {SYSTEMS})",
+            file=sys.stderr,
+        )
         return 2
     failed = 0
     for ob in obs:

@@ -107,7 +107,15 @@ class NixlEndpoint(EndpointReads):
         config = nixl.nixl_agent_config(
             enable_listen_thread=True, listen_port=port, backends=["UCX"]
         )
-        agent = nixl.nixl_agent(name, config)
+        try:
+            agent = nixl.nixl_agent(name, config)
+        except RuntimeError as exc:
+            if "bind" not in str(exc).lower():
+                raise
+            raise OSError(
+                f"cannot listen for NIXL metadata on port {port}: {exc} (port in use? "
+                "--nixl-port 0 picks a free port)"
+            ) from exc
         if "UCX" not in agent.backends:
             raise RuntimeError("NIXL has no UCX backend: the transport cannot start")
         self._agent: Any = agent

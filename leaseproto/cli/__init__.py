@@ -16,8 +16,9 @@ import sys
 from collections.abc import Sequence
 
 from .. import __version__
+from ._errors import EXTRA_OF, USAGE, missing_extra
 
-__all__ = ["build_parser", "main"]
+__all__ = ["DefaultsFormatter", "build_parser", "main"]
 
 #: Subcommand modules, in the order ``--help`` lists them.
 _COMMANDS: tuple[str, ...] = (
@@ -31,10 +32,37 @@ _COMMANDS: tuple[str, ...] = (
 )
 
 
+class DefaultsFormatter(argparse.HelpFormatter):
+    """Help that shows every option's default: ``(default: X)`` is added to an
+    option whose help does not already say its default."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if (
+            action.option_strings
+            and not any(action.default is v for v in (None, False, True, argparse.SUPPRESS))
+            and action.default not in ([], ())
+            and action.nargs != 0
+            and "default" not in text
+        ):
+            text += (" " if text else "") + "(default: %(default)s)"
+        return text
+
+
+def _all_parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    out = [parser]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in dict.fromkeys(action.choices.values()):
+                out += _all_parsers(child)
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="leaseproto",
         description="KV-cache lease protocol for disaggregated prefill/decode serving.",
+        formatter_class=DefaultsFormatter,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -42,15 +70,26 @@ def build_parser() -> argparse.ArgumentParser:
     for name in _COMMANDS:
         module = importlib.import_module(f"{__name__}.{name}")
         module.register(sub)
+    for p in _all_parsers(parser):
+        p.formatter_class = DefaultsFormatter
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    command = " ".join(str(getattr(args, k)) for k in ("command", "role") if getattr(args, k, None))
     try:
         status: int = args.func(args)
         sys.stdout.flush()
+    except KeyboardInterrupt:  # Ctrl-C: each command cleans up in its own finally blocks
+        print(f"\nleaseproto {command}: interrupted", file=sys.stderr)
+        return 130
+    except ModuleNotFoundError as exc:  # an optional dependency a command imports on use
+        if (exc.name or "").split(".")[0] not in EXTRA_OF:
+            raise
+        print(f"leaseproto {command}: {missing_extra(exc)}", file=sys.stderr)
+        return USAGE
     except BrokenPipeError:  # the reader went away (`leaseproto replay d-crash | head`)
         # what is still buffered can never be written; point stdout at devnull so that
         # the interpreter's own flush at exit does not raise again

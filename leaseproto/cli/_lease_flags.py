@@ -8,9 +8,17 @@ flags the user gave.
 from __future__ import annotations
 
 import argparse
+import json
 from typing import Any
 
-__all__ = ["INT_KEYS", "LEASE_KEYS", "add_lease_flags", "lease_kwargs"]
+__all__ = [
+    "INT_KEYS",
+    "LEASE_KEYS",
+    "add_extra_config_flag",
+    "add_lease_flags",
+    "config_from_args",
+    "lease_kwargs",
+]
 
 #: Every LeaseConfig key a flag can set, with its help text.
 _HELP = {
@@ -47,3 +55,41 @@ def add_lease_flags(p: Any, keys: tuple[str, ...] = LEASE_KEYS, *, note: str = "
 def lease_kwargs(args: argparse.Namespace, keys: tuple[str, ...] = LEASE_KEYS) -> dict[str, Any]:
     """The lease flags the user gave, as ``LeaseConfig`` keyword arguments."""
     return {k: getattr(args, k) for k in keys if getattr(args, k) is not None}
+
+
+def add_extra_config_flag(p: Any) -> None:
+    """Add ``--kv-connector-extra-config JSON``: the dict vLLM's
+    ``kv_connector_extra_config`` takes (``--extra-config`` is an alias)."""
+    p.add_argument(
+        "--kv-connector-extra-config",
+        "--extra-config",
+        dest="extra_config",
+        metavar="JSON",
+        default=None,
+        help="a JSON object, the same dict as vLLM's kv_connector_extra_config "
+        "(keys other than the lease settings are ignored; a flag overrides its key)",
+    )
+
+
+def config_from_args(args: argparse.Namespace, keys: tuple[str, ...] = LEASE_KEYS) -> Any:
+    """The :class:`~leaseproto.LeaseConfig` of ``--kv-connector-extra-config`` and the
+    lease flags (flags win).
+
+    Raises:
+        ValueError: invalid JSON, not an object, or an unsafe value (the message
+            names the rule).
+    """
+    from ..core.config import LeaseConfig  # noqa: PLC0415
+
+    extra: dict[str, Any] = {}
+    text = getattr(args, "extra_config", None)
+    if text is not None:
+        try:
+            loaded = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"--kv-connector-extra-config is not valid JSON: {exc}") from exc
+        if not isinstance(loaded, dict):
+            raise ValueError("--kv-connector-extra-config must be a JSON object")
+        extra.update(loaded)
+    extra.update(lease_kwargs(args, keys))
+    return LeaseConfig.from_extra_config(extra)

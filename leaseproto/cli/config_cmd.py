@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from ..core.config import LeaseConfig
-from ._lease_flags import add_lease_flags, lease_kwargs
+from ._lease_flags import add_extra_config_flag, add_lease_flags, config_from_args
 
 __all__ = ["register"]
 
@@ -22,33 +22,9 @@ def register(sub: Any) -> None:
         "with the rule they break (exit status 2).",
     )
     add_lease_flags(p)
-    p.add_argument(
-        "--extra-config",
-        metavar="JSON",
-        default=None,
-        help="a vLLM kv_connector_extra_config JSON object (flags override it)",
-    )
+    add_extra_config_flag(p)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=run)
-
-
-def config_from_args(args: argparse.Namespace) -> LeaseConfig:
-    """The config named by ``--extra-config`` and the key flags.
-
-    Raises:
-        ValueError: invalid JSON or an unsafe value (the message names the rule).
-    """
-    extra: dict[str, Any] = {}
-    if args.extra_config is not None:
-        try:
-            loaded = json.loads(args.extra_config)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"--extra-config is not valid JSON: {exc}") from exc
-        if not isinstance(loaded, dict):
-            raise ValueError("--extra-config must be a JSON object")
-        extra.update(loaded)
-    extra.update(lease_kwargs(args))
-    return LeaseConfig.from_extra_config(extra)
 
 
 def bounds(cfg: LeaseConfig) -> dict[str, float | int | None]:

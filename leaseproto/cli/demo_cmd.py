@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
+
+from ._errors import check_writable, fail, missing_extra
 
 __all__ = ["register"]
 
@@ -41,7 +44,9 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--waves", type=int, default=5, help="later waves, one a second (default 5)")
     p.add_argument("--wave", type=int, default=4, help="requests per later wave (default 4)")
-    p.add_argument("--max-tokens", type=int, default=12, help="tokens to decode per request")
+    p.add_argument(
+        "--max-tokens", type=int, default=12, help="tokens to decode per request (default 12)"
+    )
     p.add_argument(
         "--step-time",
         type=float,
@@ -55,6 +60,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--log-dir",
         default=None,
+        metavar="DIR",
         help="keep the workers' logs here (default: a temporary directory)",
     )
     p.set_defaults(func=run)
@@ -64,12 +70,18 @@ def run(args: argparse.Namespace) -> int:
     try:
         from ..workers.demo import DemoSettings, run_demo  # noqa: PLC0415
     except ImportError as exc:
-        print(
-            f"leaseproto demo needs torch, NIXL and pyzmq: {exc}\n"
-            "install them with: pip install torch==2.13.0 && pip install 'leaseproto[all]'",
-            file=sys.stderr,
+        return fail(
+            "demo",
+            f"{missing_extra(exc)}\nthe demo needs torch, NIXL and the serve extra: "
+            "pip install torch==2.13.0 && pip install 'leaseproto[all]'",
         )
-        return 2
+    try:
+        if args.json is not None:
+            check_writable(Path(args.json), folder=False)
+        if args.log_dir is not None:
+            check_writable(Path(args.log_dir), folder=True)
+    except ValueError as exc:
+        return fail("demo", str(exc))
     settings = DemoSettings(
         device=args.device,
         kv_lease_duration=args.kv_lease_duration,
@@ -86,6 +98,9 @@ def run(args: argparse.Namespace) -> int:
     except (RuntimeError, TimeoutError) as exc:
         print(f"leaseproto demo failed: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # the clusters' exits have stopped every worker
+        print("\nleaseproto demo: interrupted; every worker process was stopped", file=sys.stderr)
+        return 130
     ok = (
         results[0].identical == results[0].requests
         and results[0].leases_expired == 0

@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from ..scenarios import diagram as _diagram
+from ._errors import fail
 
 __all__ = ["register"]
 
@@ -35,6 +36,14 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except (OSError, UnicodeDecodeError) as exc:
+        name = getattr(exc, "filename", None) or "a spec file"
+        return fail("spec-diagrams", f"cannot read or write {name}: {exc}")
+
+
+def _run(args: argparse.Namespace) -> int:
     status = 0
     for path in args.check or ():
         with open(path, encoding="utf-8") as fh:

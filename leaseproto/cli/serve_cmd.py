@@ -12,27 +12,51 @@ import argparse
 import json
 import logging
 import os
+import re
 import signal
 import sys
 from pathlib import Path
 from typing import Any
 
-from ._lease_flags import add_lease_flags, lease_kwargs
+from ._errors import fail, missing_extra
+from ._lease_flags import add_extra_config_flag, add_lease_flags, config_from_args
 
-__all__ = ["register"]
+__all__ = ["address", "register"]
 
-_LEASE_FLAGS = (
-    "kv_lease_duration",
-    "heartbeat_interval",
-    "lease_extension",
-    "max_lease_lifetime",
-    "max_notification_bytes",
-)
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+_ADDRESS = re.compile(r"tcp://[^\s:/]+:\d{1,5}|tcp://\[[0-9A-Fa-f:.]+\]:\d{1,5}")
 
 
-def _lease_flags(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("lease settings (must match on P and D)")
-    add_lease_flags(g, _LEASE_FLAGS)
+def address(text: str) -> str:
+    """A request-plane address, ``tcp://HOST:PORT`` (an argparse ``type``)."""
+    if _ADDRESS.fullmatch(text) and 0 < int(text.rsplit(":", 1)[1]) < 65536:
+        return text
+    hint = f" (did you mean tcp://{text}?)" if "://" not in text else ""
+    raise argparse.ArgumentTypeError(
+        f"expected an address tcp://HOST:PORT, e.g. tcp://127.0.0.1:17001, got {text!r}{hint}"
+    )
+
+
+def _log_level(text: str) -> str:
+    level = text.upper()
+    if level not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(
+            f"unknown log level {text!r}: choose one of {', '.join(LOG_LEVELS)}"
+        )
+    return level
+
+
+def _lease_flags(p: argparse.ArgumentParser, *, router: bool = False) -> None:
+    title = (
+        "lease settings (checked; the router holds no lease, so one set of flags serves every role)"
+        if router
+        else "lease settings (must match on P and D)"
+    )
+    g = p.add_argument_group(title)
+    add_lease_flags(g)
+    add_extra_config_flag(g)
+    if router:
+        return
     g.add_argument(
         "--policy",
         choices=("lease", "fixed"),
@@ -63,7 +87,7 @@ def _common(p: argparse.ArgumentParser, *, nixl: bool = True) -> None:
             default=0,
             help="NIXL metadata listener port; 0 picks a free one",
         )
-        p.add_argument("--device", default="cpu", help="torch device for KV blocks")
+        p.add_argument("--device", default="cpu", help="torch device for KV blocks (cpu, cuda)")
         p.add_argument("--num-blocks", type=int, default=256, help="KV blocks in the pool")
         p.add_argument("--block-size", type=int, default=4, help="tokens per KV block")
         p.add_argument("--rank", type=int, default=0, help="this process's TP rank")
@@ -74,14 +98,20 @@ def _common(p: argparse.ArgumentParser, *, nixl: bool = True) -> None:
             default=0,
             help="seed of the tiny model's weights (same on P and D)",
         )
-        _lease_flags(p)
+    _lease_flags(p, router=not nixl)
     p.add_argument(
         "--ready-file",
         default=None,
         metavar="PATH",
         help="write the bound ports here as JSON once serving",
     )
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument(
+        "--log-level",
+        type=_log_level,
+        default="INFO",
+        metavar="LEVEL",
+        help=f"one of {', '.join(LOG_LEVELS)}; DEBUG adds a line per lease renewal",
+    )
     p.add_argument(
         "--exit-with-parent",
         action="store_true",
@@ -128,6 +158,7 @@ def register(sub: Any) -> None:
     dec.add_argument(
         "--follower",
         action="append",
+        type=address,
         default=[],
         metavar="ADDRESS",
         help="request-plane address of decode rank 1, 2, ... (rank 0 only)",
@@ -137,15 +168,26 @@ def register(sub: Any) -> None:
     rt.add_argument(
         "--prefill",
         action="append",
+        type=address,
         default=[],
         required=True,
         metavar="ADDRESS",
         help="a prefill rank's address, in rank order",
     )
     rt.add_argument(
-        "--decode", required=True, metavar="ADDRESS", help="the decode engine's rank-0 address"
+        "--decode",
+        type=address,
+        required=True,
+        metavar="ADDRESS",
+        help="the decode engine's rank-0 address",
     )
-    rt.add_argument("--request-timeout", type=float, default=120.0, metavar="SECONDS")
+    rt.add_argument(
+        "--request-timeout",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="a request not answered this long after it arrived fails",
+    )
     p.set_defaults(func=run)
 
 
@@ -157,61 +199,75 @@ def _write_ready(path: str | None, info: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
+def _worker(args: argparse.Namespace) -> Any:
+    """Build the worker the flags name (binds its ports)."""
+    metrics_port = None if args.metrics_port < 0 else args.metrics_port
+    config = config_from_args(args)
+    if args.role == "router":
+        from ..workers.router import Router, RouterOptions  # noqa: PLC0415
+
+        return Router(
+            RouterOptions(
+                host=args.host,
+                port=args.port,
+                prefill=args.prefill,
+                decode=args.decode,
+                metrics_port=metrics_port,
+                request_timeout=args.request_timeout,
+            )
+        )
+    if args.role == "prefill":
+        from ..workers.prefill import PrefillOptions, PrefillWorker  # noqa: PLC0415
+
+        return PrefillWorker(
+            PrefillOptions.from_args(args, config, metrics_port, engine_id=args.engine_id)
+        )
+    from ..workers.decode_state import DecodeOptions  # noqa: PLC0415
+
+    opts = DecodeOptions.from_args(
+        args,
+        config,
+        metrics_port,
+        max_running=args.max_running,
+        step_time=args.step_time,
+        on_kv_loss=args.on_kv_loss,
+        followers=list(args.follower),
+    )
+    if opts.rank == 0:
+        from ..workers.decode import DecodeWorker  # noqa: PLC0415
+
+        return DecodeWorker(opts)
+    from ..workers.decode_follower import DecodeFollower  # noqa: PLC0415
+
+    return DecodeFollower(opts)
+
+
+def _start_error(exc: Exception, args: argparse.Namespace) -> str | None:
+    """The message for a failure to start, or None if ``exc`` is a bug."""
+    if isinstance(exc, ImportError):
+        return missing_extra(exc)
+    if isinstance(exc, (ValueError, OSError)):
+        return str(exc)
+    zmq = sys.modules.get("zmq")
+    if zmq is not None and isinstance(exc, zmq.ZMQError):  # a bind that failed
+        return f"cannot listen on {args.host}:{args.port}: {exc} (--port 0 picks a free port)"
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
-        level=args.log_level.upper(),
+        level=args.log_level,
         stream=sys.stderr,
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
-    metrics_port = None if args.metrics_port < 0 else args.metrics_port
     worker: Any
     try:
-        if args.role == "router":
-            from ..workers.router import Router, RouterOptions  # noqa: PLC0415
-
-            worker = Router(
-                RouterOptions(
-                    host=args.host,
-                    port=args.port,
-                    prefill=args.prefill,
-                    decode=args.decode,
-                    metrics_port=metrics_port,
-                    request_timeout=args.request_timeout,
-                )
-            )
-        else:
-            from ..core.config import LeaseConfig  # noqa: PLC0415
-
-            config = LeaseConfig(**lease_kwargs(args, _LEASE_FLAGS))
-            if args.role == "prefill":
-                from ..workers.prefill import PrefillOptions, PrefillWorker  # noqa: PLC0415
-
-                worker = PrefillWorker(
-                    PrefillOptions.from_args(args, config, metrics_port, engine_id=args.engine_id)
-                )
-            else:
-                from ..workers.decode_state import DecodeOptions  # noqa: PLC0415
-
-                opts = DecodeOptions.from_args(
-                    args,
-                    config,
-                    metrics_port,
-                    max_running=args.max_running,
-                    step_time=args.step_time,
-                    on_kv_loss=args.on_kv_loss,
-                    followers=list(args.follower),
-                )
-                if opts.rank == 0:
-                    from ..workers.decode import DecodeWorker  # noqa: PLC0415
-
-                    worker = DecodeWorker(opts)
-                else:
-                    from ..workers.decode_follower import DecodeFollower  # noqa: PLC0415
-
-                    worker = DecodeFollower(opts)
-    except (ValueError, ImportError, OSError) as exc:
-        print(f"leaseproto serve {args.role}: {exc}", file=sys.stderr)
-        return 2
+        worker = _worker(args)
+    except Exception as exc:
+        message = _start_error(exc, args)
+        if message is None:
+            raise
+        return fail(f"serve {args.role}", message)
 
     def _stop(signum: int, frame: object) -> None:
         worker.stop()

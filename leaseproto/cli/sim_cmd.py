@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ._errors import check_writable, fail
 from ._lease_flags import add_lease_flags, lease_kwargs
 
 __all__ = ["parse_policies", "register"]
@@ -47,7 +48,7 @@ def register(sub: Any) -> None:
         default="both",
         help="scenario (default: both = a surge and a D crash)",
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the workload")
     p.add_argument(
         "--policies",
         default=_DEFAULT_POLICIES,
@@ -131,12 +132,12 @@ def run(args: argparse.Namespace) -> int:
     from ..sim.report import header, plot, table, write_files  # noqa: PLC0415
 
     if args.plot is not None and importlib.util.find_spec("matplotlib") is None:
-        print(
-            "leaseproto sim: --plot needs matplotlib: pip install 'leaseproto[plot]'",
-            file=sys.stderr,
-        )
-        return 2
+        return fail("sim", "--plot needs matplotlib: pip install 'leaseproto[plot]'")
     try:
+        if args.out is not None:
+            check_writable(args.out, folder=True)
+        if args.plot is not None:
+            check_writable(args.plot, folder=False)
         overrides = {
             k: getattr(args, k) for k, _, _ in _SCENARIO_FLAGS if getattr(args, k) is not None
         }
@@ -145,8 +146,7 @@ def run(args: argparse.Namespace) -> int:
         if args.sample_dt is not None and not args.sample_dt > 0:
             raise ValueError("--sample-dt must be > 0")
     except ValueError as exc:
-        print(f"leaseproto sim: {exc}", file=sys.stderr)
-        return 2
+        return fail("sim", str(exc))
     show = sys.stderr.isatty() if args.progress is None else args.progress
     comp = compare(
         scenario,

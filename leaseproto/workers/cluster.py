@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -115,6 +116,8 @@ class Cluster:
         self.decode: list[Worker] = []
         self.router: Worker | None = None
         self._logs: list[TextIO] = []
+        #: every process started, ready or not (stop() ends them all)
+        self._spawned: list[Worker] = []
 
     # -- processes ------------------------------------------------------------------------
     def _spawn(self, name: str, args: list[str]) -> Worker:
@@ -140,7 +143,9 @@ class Cluster:
         proc = subprocess.Popen(
             cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL
         )
-        return Worker(name, proc, log_path, ready)
+        worker = Worker(name, proc, log_path, ready)
+        self._spawned.append(worker)
+        return worker
 
     def _await(self, workers: Sequence[Worker], deadline: float) -> None:
         for w in workers:
@@ -253,16 +258,24 @@ class Cluster:
         return t
 
     def stop(self) -> None:
-        for w in self.workers():
-            if w.alive():
-                with contextlib.suppress(ProcessLookupError):
-                    w.proc.terminate()
-        for w in self.workers():
-            try:
-                w.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                w.proc.kill()
-                w.proc.wait(timeout=5)
+        """End every process this cluster started (SIGTERM, then SIGKILL after 5 s),
+        those still starting included. A second Ctrl-C does not cut this short."""
+        main = threading.current_thread() is threading.main_thread()
+        old = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+        try:
+            for w in self._spawned:
+                if w.alive():
+                    with contextlib.suppress(ProcessLookupError):
+                        w.proc.terminate()
+            for w in self._spawned:
+                try:
+                    w.proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    w.proc.kill()
+                    w.proc.wait(timeout=5)
+        finally:
+            if main:
+                signal.signal(signal.SIGINT, old)
         for f in self._logs:
             f.close()
         self._logs.clear()

@@ -46,7 +46,13 @@ class WorkerMetrics:
 
     def serve(self, host: str, port: int) -> int:
         """Serve ``/metrics`` on ``host:port`` (0: any free port); returns the port."""
-        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        try:
+            server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        except OSError as exc:
+            raise OSError(
+                f"cannot serve metrics on {host}:{port}: {exc.strerror or exc} "
+                "(--metrics-port 0 picks a free port, -1 disables metrics)"
+            ) from exc
         self.port = int(server.server_port)
         return self.port
 

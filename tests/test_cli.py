@@ -1,0 +1,220 @@
+"""The command line as a new user meets it: every mistake is one line on stderr
+with exit status 2 (no traceback), ``--help`` shows defaults, every ``serve``
+role takes every lease setting, files are checked before long runs."""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from leaseproto import LeaseConfig
+from leaseproto.cli import build_parser, main
+from leaseproto.cli._lease_flags import LEASE_KEYS, config_from_args
+
+ROUTER = ["serve", "router", "--prefill", "tcp://127.0.0.1:1", "--decode", "tcp://127.0.0.1:2"]
+
+
+def run_cli(
+    *args: str, block: str | None = None, timeout: float = 60.0
+) -> subprocess.CompletedProcess[str]:
+    """``leaseproto ARGS`` in a fresh interpreter; ``block``: a module made unimportable
+    there (as if its extra were not installed)."""
+    pre = f"import sys; sys.modules[{block!r}] = None; " if block else "import sys; "
+    code = pre + f"from leaseproto.cli import main; sys.exit(main({list(args)!r}))"
+    return subprocess.run(
+        [sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def assert_usage_error(r: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert r.stdout == ""
+    assert "Traceback" not in r.stderr, r.stderr
+    for needle in needles:
+        assert needle in r.stderr, r.stderr
+
+
+@pytest.fixture
+def busy_port() -> Iterator[int]:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    yield s.getsockname()[1]
+    s.close()
+
+
+# -- --help -----------------------------------------------------------------------------
+def _parsers(p: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
+    yield p
+    for a in p._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            for child in dict.fromkeys(a.choices.values()):
+                yield from _parsers(child)
+
+
+def test_help_shows_every_default() -> None:
+    """Every option with a default names it in --help (ours or argparse's own text)."""
+    checked = 0
+    for p in _parsers(build_parser()):
+        text = " ".join(p.format_help().split())
+        for a in p._actions:
+            if not a.option_strings or a.nargs == 0 or a.default in (None, [], argparse.SUPPRESS):
+                continue
+            if isinstance(a.default, bool):
+                continue
+            help_text = " ".join((a.help or "").split())
+            shown = f"(default: {a.default})"
+            assert "default" in help_text or shown in text, (p.prog, a.option_strings)
+            checked += 1
+    assert checked > 30
+
+
+def test_help_of_every_command_renders() -> None:
+    for p in _parsers(build_parser()):
+        assert p.format_help().startswith("usage: ")
+
+
+# -- serve ------------------------------------------------------------------------------
+def test_log_level_is_checked() -> None:
+    r = run_cli(*ROUTER, "--log-level", "LOUD")
+    assert_usage_error(r, "LOUD", "DEBUG, INFO, WARNING, ERROR")
+
+
+def test_log_level_any_case() -> None:
+    args = build_parser().parse_args([*ROUTER, "--log-level", "debug"])
+    assert args.log_level == "DEBUG"
+
+
+@pytest.mark.parametrize("flag", ["--prefill", "--decode"])
+def test_address_without_scheme_is_refused_with_a_hint(flag: str) -> None:
+    argv = [*ROUTER]
+    argv[argv.index(flag) + 1] = "127.0.0.1:17001"
+    r = run_cli(*argv)
+    assert_usage_error(r, flag, "tcp://HOST:PORT", "did you mean tcp://127.0.0.1:17001")
+
+
+def test_request_plane_port_in_use(busy_port: int) -> None:
+    r = run_cli(*ROUTER, "--port", str(busy_port))
+    assert_usage_error(r, f"127.0.0.1:{busy_port}", "in use", "--port 0")
+
+
+def test_metrics_port_in_use(busy_port: int) -> None:
+    r = run_cli(*ROUTER, "--metrics-port", str(busy_port))
+    assert_usage_error(r, f"metrics on 127.0.0.1:{busy_port}", "in use", "-1 disables")
+
+
+def test_serve_without_its_extra_names_the_extra() -> None:
+    r = run_cli(*ROUTER, block="zmq")
+    assert_usage_error(r, "'serve' extra", "pip install 'leaseproto[serve]'")
+
+
+def test_unsafe_lease_setting_on_serve() -> None:
+    r = run_cli(*ROUTER, "--kv-lease-duration", "30", "--heartbeat-interval", "25")
+    assert_usage_error(r, "leaseproto serve router:", "heartbeat_interval")
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode", "router"])
+def test_every_role_takes_every_lease_key_and_vllms_extra_config(role: str) -> None:
+    parser = build_parser()
+    tail = ROUTER[2:] if role == "router" else []
+    cfg = LeaseConfig(
+        60.0,
+        decoder_kv_blocks_ttl=600.0,
+        heartbeat_interval=5.0,
+        lease_extension=30.0,
+        max_lease_lifetime=900.0,
+        safety_margin=4.0,
+        tombstone_ttl=700.0,
+        staging_ttl=50.0,
+        max_notification_bytes=2048,
+        tombstone_capacity=1000,
+        staging_capacity=100,
+    )
+    flags = [a for k in LEASE_KEYS for a in ("--" + k.replace("_", "-"), str(getattr(cfg, k)))]
+    args = parser.parse_args(["serve", role, *flags, *tail])
+    assert config_from_args(args) == cfg
+    # vLLM's dict: our keys and its own (ignored); a flag overrides its key
+    extra = '{"kv_lease_duration": 60, "backends": ["UCX"], "heartbeat_interval": 7}'
+    args = parser.parse_args(
+        ["serve", role, "--kv-connector-extra-config", extra, "--heartbeat-interval", "6", *tail]
+    )
+    assert config_from_args(args) == LeaseConfig(60.0, heartbeat_interval=6.0)
+
+
+def test_extra_config_not_json() -> None:
+    r = run_cli(*ROUTER, "--kv-connector-extra-config", "{oops")
+    assert_usage_error(r, "--kv-connector-extra-config is not valid JSON")
+
+
+# -- sim --------------------------------------------------------------------------------
+@pytest.mark.parametrize("flag", ["--out", "--plot"])
+def test_sim_checks_its_output_paths_before_the_run(
+    flag: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("matplotlib")
+    import leaseproto.sim
+
+    def no_run(*a: object, **k: object) -> None:
+        raise AssertionError("the simulation ran before the output path was checked")
+
+    monkeypatch.setattr(leaseproto.sim, "compare", no_run)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    target = blocker / ("out" if flag == "--out" else "plot.png")
+    assert main(["sim", flag, str(target)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("leaseproto sim: ") and str(blocker) in err
+    assert "not a folder" in err or "Not a directory" in err
+
+
+def test_sim_plot_path_that_is_a_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matplotlib")
+    assert main(["sim", "--plot", str(tmp_path)]) == 2
+    assert "is a folder" in capsys.readouterr().err
+
+
+# -- prove ------------------------------------------------------------------------------
+def test_prove_only_unknown_id_goes_to_stderr() -> None:
+    pytest.importorskip("z3")
+    r = run_cli("prove", "--only", "I99")
+    assert_usage_error(r, "no obligation matches --only I99")
+
+
+def test_prove_without_the_test_extra() -> None:
+    r = run_cli("prove", block="z3")
+    assert_usage_error(r, "pip install 'leaseproto[test]'")
+
+
+def test_prove_labels_each_obligation_once() -> None:
+    pytest.importorskip("z3")
+    from leaseproto.proofs import check
+
+    labels = [(o.system, o.label) for o in check.all_obligations()]
+    dupes = sorted({x for x in labels if labels.count(x) > 1})
+    assert not dupes, dupes[:5]
+
+
+# -- other commands ---------------------------------------------------------------------
+def test_spec_diagrams_missing_file() -> None:
+    r = run_cli("spec-diagrams", "--check", "/nonexistent/spec.md")
+    assert_usage_error(r, "/nonexistent/spec.md")
+
+
+def test_demo_checks_json_path_first(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    r = run_cli("demo", "--json", str(blocker / "x.json"))
+    assert_usage_error(r, "leaseproto demo:", "not a folder")
+
+
+def test_missing_extra_message_names_the_extra() -> None:
+    from leaseproto.cli._errors import missing_extra
+
+    exc = ModuleNotFoundError("No module named 'matplotlib'", name="matplotlib")
+    assert "pip install 'leaseproto[plot]'" in missing_extra(exc)
