@@ -30,6 +30,7 @@ from .core import (
     RemoteProtocolError,
     TableStats,
     TrackerStats,
+    TransferCounted,
     Transition,
     wire,
 )
@@ -62,6 +63,7 @@ __all__ = [
     "RemoteProtocolError",
     "TableStats",
     "TrackerStats",
+    "TransferCounted",
     "Transition",
     "__version__",
     "wire",

@@ -233,12 +233,14 @@ def test_spec_states_each_invariant_once() -> None:
 
 def test_every_wire_form_is_in_the_message_table() -> None:
     table = _section(_spec(), "3.2")
-    for prefix in (wire.HEARTBEAT_PREFIX, wire.ABORT_PREFIX, wire.NACK_PREFIX):
+    for prefix in wire.RESERVED_PREFIXES:
         assert f"`{prefix.decode()}" in table, prefix
+        assert f"`{prefix.decode()}`" in _section(_spec(), "3.3"), prefix
     assert "`<id>:<n>`" in table
     for reason in wire.NACK_REASONS:
         assert f"`{reason}`" in table
     assert str(wire.MAX_COUNT) in table
+    assert f"`{wire.CAPABILITY}`" in table
     assert f"`MAX_ID_BYTES` = {wire.MAX_ID_BYTES}" in _section(_spec(), "3.3")
 
 

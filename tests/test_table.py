@@ -11,6 +11,7 @@ from leaseproto import (
     LocalProtocolError,
     Release,
     ReleaseReason,
+    TransferCounted,
 )
 
 CFG = LeaseConfig()  # 30 s lease, 5 s interval, 20 s extension
@@ -201,12 +202,14 @@ def test_many_ended_leases_do_not_grow_the_heap_without_bound() -> None:
 def test_transfer_done_releases_with_consumers_I10() -> None:
     t = table()
     t.grant("a", now=0.0, consumers=3)
-    assert t.transfer_done("a", now=1.0) is None
-    assert t.transfer_done("a", now=2.0) is None
+    assert t.transfer_done("a", now=1.0) == TransferCounted("a", 1.0, done=1, readers=3)
+    assert t.transfer_done("a", now=2.0) == TransferCounted("a", 2.0, done=2, readers=3)
     assert t.lease_info("a")["done"] == 2  # type: ignore[index]
     r = t.transfer_done("a", now=3.0)
     assert isinstance(r, Release) and r.reason is ReleaseReason.TRANSFERRED and r.at == 3.0
-    assert t.transfer_done("a", now=4.0) is None  # beyond consumers: counted, harmless
+    # beyond consumers: the blocks may be reused already, so the reader is told (I13)
+    late = t.transfer_done("a", now=4.0)
+    assert late == LateTransfer("a", ReleaseReason.TRANSFERRED, 4.0, ended_at=3.0)
     assert t.stats.excess_transfers == 1 and t.stats.late_transfers == 0
 
 

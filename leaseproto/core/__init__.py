@@ -22,7 +22,7 @@ from . import wire
 from .clock import ClockOffset
 from .config import LeaseConfig
 from .errors import LeaseProtocolError, LocalProtocolError, RemoteProtocolError
-from .events import LateTransfer, Release, ReleaseReason
+from .events import LateTransfer, Release, ReleaseReason, TransferCounted
 from .state import TRANSITIONS, Guard, Input, LeaseState, Transition
 from .table import LeaseTable, TableStats
 from .tracker import HeartbeatTracker, TrackerStats
@@ -46,6 +46,7 @@ __all__ = [
     "RemoteProtocolError",
     "TableStats",
     "TrackerStats",
+    "TransferCounted",
     "Transition",
     "wire",
 ]

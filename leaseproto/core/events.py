@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-__all__ = ["LateTransfer", "Release", "ReleaseReason"]
+__all__ = ["LateTransfer", "Release", "ReleaseReason", "TransferCounted"]
 
 
 class ReleaseReason(Enum):
@@ -41,14 +41,35 @@ class Release:
 
 
 @dataclass(frozen=True, slots=True)
-class LateTransfer:
-    """A transfer-done arrived for a lease that had already ended by expiry or
-    abort: the reader may have read blocks that were freed and reused. The
-    caller must act on it (NACK the reader so it recomputes, or alert).
+class TransferCounted:
+    """A transfer-done counted against a live lease that still waits for more
+    readers: the blocks stay held, and this reader's read was good (I13: it is
+    answered OK).
 
     Attributes:
         req_id: P's request id.
-        ended: how the lease had ended (``EXPIRED`` or ``ABORTED``).
+        at: the ``now`` of the call that counted it.
+        done: transfer-dones counted so far, this one included.
+        readers: how many complete the lease (the notification's ``n``, or
+            the granted ``consumers`` when it carried none).
+    """
+
+    req_id: str
+    at: float
+    done: int = field(kw_only=True)
+    readers: int = field(kw_only=True)
+
+
+@dataclass(frozen=True, slots=True)
+class LateTransfer:
+    """A transfer-done arrived for a lease that had already ended -- expired,
+    aborted, or completed by earlier transfer-dones: the reader may have read
+    blocks that were freed and reused. The caller must act on it (answer the
+    reader NK so it discards the read and recomputes, I13).
+
+    Attributes:
+        req_id: P's request id.
+        ended: how the lease had ended (``EXPIRED``, ``ABORTED`` or ``TRANSFERRED``).
         at: the ``now`` of the call that saw the notification.
         ended_at: when the lease ended.
     """

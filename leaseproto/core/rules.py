@@ -36,6 +36,7 @@ __all__ = [
     "transfer_done_count",
     "transfer_done_state",
     "transfer_is_last",
+    "transfer_verdict_ok",
 ]
 
 #: Numbers are floats at runtime and z3 ``ArithRef`` terms in ``proofs/``; conditions
@@ -119,6 +120,13 @@ def transfer_done_state(state: int, done: int, consumers: int) -> int:
 def transfer_done_count(state: int, done: int) -> int:
     """Notifications are counted only while the lease is granted."""
     return ite(state == GRANTED, done + 1, done)
+
+
+def transfer_verdict_ok(state: int) -> bool:
+    """I13: a transfer-done is answered OK exactly when P handles it while the
+    lease is granted (live); after it ended -- expired, aborted, or completed
+    by earlier transfer-dones -- or before any grant it is answered NK."""
+    return state == GRANTED
 
 
 # -- abort (spec §8.4) --------------------------------------------------------------------

@@ -19,7 +19,8 @@ from dataclasses import dataclass, fields
 from . import rules as R
 from .config import LeaseConfig
 from .errors import LocalProtocolError
-from .events import LateTransfer, Release, ReleaseReason
+from .events import LateTransfer, Release, ReleaseReason, TransferCounted
+from .wire import MAX_COUNT
 
 __all__ = ["LeaseTable", "TableStats"]
 
@@ -47,7 +48,8 @@ class TableStats:
     released_aborted: int = 0
     #: transfer-done after expiry or abort (reported as :class:`LateTransfer`)
     late_transfers: int = 0
-    #: transfer-done beyond ``consumers`` after a transferred release
+    #: transfer-done after the lease was completed by earlier ones (also
+    #: reported as :class:`LateTransfer`: a surplus or replayed notification)
     excess_transfers: int = 0
     #: aborts naming an ended lease
     late_aborts: int = 0
@@ -69,6 +71,7 @@ class _Lease:
         "done",
         "granted_at",
         "last_renewal",
+        "readers",
         "req_id",
         "state",
     )
@@ -82,6 +85,8 @@ class _Lease:
         self.deadline = deadline
         self.cap_at = cap_at
         self.consumers = consumers
+        # how many transfer-dones complete it: the latest notification's n
+        self.readers = consumers
         self.done = 0
         self.last_renewal: float | None = None
 
@@ -100,7 +105,8 @@ class LeaseTable:
         self._stale = 0  # heap entries whose lease already ended
         # ended leases, oldest first: id -> (state, ended_at)
         self._ended: OrderedDict[str, tuple[int, float]] = OrderedDict()
-        # notifications for ids not yet granted: id -> [first_seen, transfers, aborted]
+        # notifications for ids not yet granted:
+        # id -> [first_seen, transfers, aborted, readers of the latest (0: none given)]
         self._staged: OrderedDict[str, list[float]] = OrderedDict()
         self._last_now = -math.inf
         self._c = dict.fromkeys((f.name for f in fields(TableStats)), 0)
@@ -155,7 +161,7 @@ class LeaseTable:
             staged.popitem(last=False)
             self._c["early_dropped"] += 1
 
-    def _stage(self, req_id: str, now: float, *, abort: bool) -> None:
+    def _stage(self, req_id: str, now: float, *, abort: bool, readers: int | None = None) -> None:
         entry = self._staged.get(req_id)
         if entry is None:
             if self.config.staging_capacity == 0:
@@ -164,11 +170,13 @@ class LeaseTable:
             if len(self._staged) >= self.config.staging_capacity:
                 self._staged.popitem(last=False)
                 self._c["early_dropped"] += 1
-            entry = self._staged[req_id] = [now, 0.0, 0.0]
+            entry = self._staged[req_id] = [now, 0.0, 0.0, 0.0]
         if abort:
             entry[2] = 1.0
         else:
             entry[1] += 1
+            if readers is not None:
+                entry[3] = float(readers)
         self._c["early_staged"] += 1
 
     # -- inputs ---------------------------------------------------------------------------
@@ -177,8 +185,11 @@ class LeaseTable:
     ) -> Release | None:
         """Grant a lease until ``now + (ttl or kv_lease_duration)``.
 
-        ``consumers`` is how many transfer-done notifications complete it.
-        Notifications staged before the grant are applied now; the returned
+        ``consumers`` is how many transfer-done notifications complete it when
+        they carry no count; a notification's ``n`` (``readers``) overrides it,
+        because D's tensor-parallel size is known only once D is picked, after
+        the grant. Notifications staged before the grant are applied now, each
+        with the ``n`` it carried; the returned
         :class:`Release` says they already complete it (free the blocks at once).
 
         Raises:
@@ -217,8 +228,9 @@ class LeaseTable:
         self._c["early_applied"] += 1
         if staged[2]:
             return self._end(lease, R.abort_state(lease.state), now)
+        lease.readers = int(staged[3]) or lease.consumers
         for _ in range(int(staged[1])):
-            state = R.transfer_done_state(lease.state, lease.done, lease.consumers)
+            state = R.transfer_done_state(lease.state, lease.done, lease.readers)
             lease.done = R.transfer_done_count(lease.state, lease.done)
             if state != R.GRANTED:
                 return self._end(lease, state, now)
@@ -265,31 +277,49 @@ class LeaseTable:
         c["renewed"] += renewed
         return renewed
 
-    def transfer_done(self, req_id: str, *, now: float) -> Release | LateTransfer | None:
+    def transfer_done(
+        self, req_id: str, *, now: float, readers: int | None = None
+    ) -> Release | TransferCounted | LateTransfer | None:
         """Count one transfer-done notification for ``req_id``.
 
-        Returns :class:`Release` (``TRANSFERRED``) when it is the last of
-        ``consumers``; :class:`LateTransfer` when the lease had ended by expiry
-        or abort (the reader may have read reused blocks: act on it); ``None``
-        otherwise. An id never granted is staged for a later :meth:`grant`.
+        ``readers`` is the notification's ``n`` (vLLM's count: how many D
+        workers will notify this P worker); it decides how many transfer-dones
+        complete the lease. Without it the granted ``consumers`` does.
+
+        Returns :class:`Release` (``TRANSFERRED``) when it completes the lease;
+        :class:`TransferCounted` when the lease is live and waits for more
+        readers; :class:`LateTransfer` when the lease had already ended by
+        expiry, abort, *or* earlier transfer-dones (the reader may have read
+        reused blocks: answer it NK); ``None`` when P knows no lease by that id
+        (never granted, or forgotten): the notification is staged for a later
+        :meth:`grant`. :func:`leaseproto.wire.verdict` turns any of these into
+        the verdict for the reader (I13).
+
+        Raises:
+            LocalProtocolError: ``readers`` is not an integer in
+                ``[1, MAX_COUNT]``, or ``now`` went back. Nothing changes.
         """
+        if readers is not None and (
+            isinstance(readers, bool)
+            or not isinstance(readers, int)
+            or not 1 <= readers <= MAX_COUNT
+        ):
+            raise LocalProtocolError(f"readers={readers!r} must be an integer in [1, {MAX_COUNT}]")
         self._clock(now)
         lease = self._leases.get(req_id)
         if lease is not None:
-            state = R.transfer_done_state(lease.state, lease.done, lease.consumers)
+            n = lease.readers = lease.consumers if readers is None else readers
+            state = R.transfer_done_state(lease.state, lease.done, n)
             lease.done = R.transfer_done_count(lease.state, lease.done)
             if state != R.GRANTED:
                 return self._end(lease, state, now)
-            return None
+            return TransferCounted(req_id, now, done=lease.done, readers=n)
         ended = self._ended.get(req_id)
         if ended is None:
-            self._stage(req_id, now, abort=False)
+            self._stage(req_id, now, abort=False, readers=readers)
             return None
         state, ended_at = ended
-        if state == R.TRANSFERRED:
-            self._c["excess_transfers"] += 1
-            return None
-        self._c["late_transfers"] += 1
+        self._c["excess_transfers" if state == R.TRANSFERRED else "late_transfers"] += 1
         return LateTransfer(req_id, _REASON[state], now, ended_at=ended_at)
 
     def abort(self, req_id: str, *, now: float) -> Release | None:
@@ -367,6 +397,7 @@ class LeaseTable:
             "deadline": lease.deadline,
             "cap_at": lease.cap_at,
             "consumers": lease.consumers,
+            "readers": lease.readers,
             "done": lease.done,
             "last_renewal": lease.last_renewal,
         }
@@ -375,6 +406,17 @@ class LeaseTable:
         """How a remembered ended lease ended, or ``None``."""
         entry = self._ended.get(req_id)
         return None if entry is None else _REASON[entry[0]]
+
+    def lost_reason(self, req_id: str, *, now: float) -> ReleaseReason | None:
+        """Why P no longer holds ``req_id``'s lease at ``now``, for the advisory
+        lease-lost answer to a heartbeat (:func:`leaseproto.wire.lease_lost`):
+        how it ended; ``EXPIRED`` for a live entry whose deadline has passed
+        (the reaper will free it); ``None`` when P holds it, or knows nothing
+        of it. A query: it does not advance the table's clock."""
+        lease = self._leases.get(req_id)
+        if lease is not None:
+            return ReleaseReason.EXPIRED if lease.deadline <= now else None
+        return self.ended(req_id)
 
     @property
     def stats(self) -> TableStats:

@@ -3,16 +3,23 @@
 Byte-compatible with vLLM's NIXL connector:
 
 * heartbeat, D→P: ``b"HB:" + b",".join(ids)`` (P's request ids, UTF-8);
-* transfer-done, D→P: ``b"<req_id>:<n>"``, split on the last ``:``.
+* transfer-done, D→P: ``b"<req_id>:<n>"``, split on the last ``:``; ``n`` is
+  the number of D workers that will notify this P worker (the lease's readers).
 
-Our own messages, each with a prefix vLLM never sends:
+Our own messages, each with a prefix vLLM never sends, and sent only to a peer
+that advertised :data:`CAPABILITY`:
 
 * abort, D→P: ``b"AB:" + req_id`` (D rejected or cancelled the request);
-* nack, P→D: ``b"NK:" + reason + b":" + req_id`` (a transfer-done arrived
-  after the lease ended: the reader must discard what it read).
+* verdict OK, P→D: ``b"OK:" + req_id`` (the transfer-done was handled while
+  the lease was live: what D read is the blocks P granted);
+* verdict NK, P→D: ``b"NK:" + reason + b":" + req_id`` (handled after the lease
+  ended, or with no lease known: the reader must discard what it read);
+* lease lost, P→D: ``b"LL:" + reason + b":" + req_id`` (advisory answer to a
+  heartbeat naming a lease P no longer holds; never overrides a verdict).
 
 :func:`decode` returns a typed message or raises :class:`MalformedMessage`
-and nothing else, whatever the bytes.
+and nothing else, whatever the bytes. :func:`verdict` decides the verdict for
+what :meth:`~leaseproto.LeaseTable.transfer_done` returned (invariant I13).
 """
 
 from __future__ import annotations
@@ -22,40 +29,67 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Union
 
-from .errors import RemoteProtocolError
+from . import rules as R
+from .errors import LocalProtocolError, RemoteProtocolError
+from .events import LateTransfer, Release, ReleaseReason, TransferCounted
 
 __all__ = [
     "ABORT_PREFIX",
+    "CAPABILITY",
     "HEARTBEAT_PREFIX",
+    "LEASE_LOST_PREFIX",
+    "LOST_REASONS",
+    "MAX_COUNT",
     "MAX_ID_BYTES",
     "NACK_PREFIX",
     "NACK_REASONS",
+    "OK_PREFIX",
+    "RESERVED_PREFIXES",
+    "VERDICT_OVERHEAD",
     "Abort",
     "Heartbeat",
+    "LeaseLost",
     "MalformedMessage",
     "Message",
     "Nack",
+    "Ok",
     "TransferDone",
+    "Verdict",
     "check_id",
     "decode",
     "encode",
     "encode_abort",
     "encode_heartbeat",
+    "encode_lease_lost",
     "encode_nack",
+    "encode_ok",
     "encode_transfer_done",
+    "lease_lost",
+    "verdict",
 ]
 
+#: What a peer advertises to say it understands AB, OK, NK and LL.
+CAPABILITY = "leaseproto/1"
 HEARTBEAT_PREFIX = b"HB:"
 ABORT_PREFIX = b"AB:"
+OK_PREFIX = b"OK:"
 NACK_PREFIX = b"NK:"
-_RESERVED = (HEARTBEAT_PREFIX, ABORT_PREFIX, NACK_PREFIX)
+LEASE_LOST_PREFIX = b"LL:"
+RESERVED_PREFIXES = (HEARTBEAT_PREFIX, ABORT_PREFIX, OK_PREFIX, NACK_PREFIX, LEASE_LOST_PREFIX)
+_RESERVED = RESERVED_PREFIXES
 #: C0 control characters and DEL, which no id may contain.
 _CONTROL = re.compile("[\x00-\x1f\x7f]")
 #: Longest request id, in UTF-8 bytes.
 MAX_ID_BYTES = 512
 #: Largest count a transfer-done may carry.
 MAX_COUNT = 1 << 20
-NACK_REASONS = ("expired", "aborted")
+#: Why a read is refused: the lease had ended (how), or P knows no lease by that id.
+NACK_REASONS = ("expired", "aborted", "transferred", "unknown")
+#: Why P no longer holds a lease a heartbeat named (same words).
+LOST_REASONS = NACK_REASONS
+#: Bytes a message adds to its id at most (``NK:transferred:``), so an id of
+#: ``max_notification_bytes - VERDICT_OVERHEAD`` bytes fits in every message.
+VERDICT_OVERHEAD = len(NACK_PREFIX) + max(map(len, NACK_REASONS)) + 1
 
 
 class MalformedMessage(RemoteProtocolError, ValueError):
@@ -85,15 +119,34 @@ class Abort:
 
 
 @dataclass(frozen=True, slots=True)
+class Ok:
+    """Verdict: P handled D's transfer-done while the lease was live, so the
+    bytes D read are the blocks P granted. D may use them."""
+
+    req_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class Nack:
-    """P saw D's transfer-done after the lease ended (``reason``): what D read
-    may come from reused blocks and must be discarded."""
+    """Verdict: P handled D's transfer-done after the lease ended (``reason``:
+    expired, aborted, transferred) or knows no lease by that id (unknown):
+    what D read may come from reused blocks and must be discarded."""
 
     req_id: str
     reason: str
 
 
-Message = Union[Heartbeat, TransferDone, Abort, Nack]  # noqa: UP007 - runtime alias, py3.10
+@dataclass(frozen=True, slots=True)
+class LeaseLost:
+    """Advisory: a heartbeat named a lease P no longer holds (``reason``). D may
+    give up on the read early; a verdict for the same read always wins."""
+
+    req_id: str
+    reason: str
+
+
+Verdict = Union[Ok, Nack]  # noqa: UP007 - runtime alias, py3.10
+Message = Union[Heartbeat, TransferDone, Abort, Ok, Nack, LeaseLost]  # noqa: UP007
 
 
 def _id_problem(req_id: object) -> str | None:
@@ -123,7 +176,7 @@ def check_id(req_id: str) -> bytes:
     Raises:
         ValueError: empty, contains ``,`` or a control character, longer than
             :data:`MAX_ID_BYTES`, or starts with a reserved prefix (``HB:``,
-            ``AB:``, ``NK:``) or equals one without its colon.
+            ``AB:``, ``OK:``, ``NK:``, ``LL:``) or equals one without its colon.
     """
     problem = _id_problem(req_id)
     if problem is not None:
@@ -178,10 +231,20 @@ def encode_abort(req_id: str) -> bytes:
     return ABORT_PREFIX + check_id(req_id)
 
 
+def encode_ok(req_id: str) -> bytes:
+    return OK_PREFIX + check_id(req_id)
+
+
 def encode_nack(req_id: str, reason: str) -> bytes:
     if reason not in NACK_REASONS:
         raise ValueError(f"reason={reason!r} must be one of {NACK_REASONS}")
     return NACK_PREFIX + reason.encode() + b":" + check_id(req_id)
+
+
+def encode_lease_lost(req_id: str, reason: str) -> bytes:
+    if reason not in LOST_REASONS:
+        raise ValueError(f"reason={reason!r} must be one of {LOST_REASONS}")
+    return LEASE_LOST_PREFIX + reason.encode() + b":" + check_id(req_id)
 
 
 def encode(message: Message, *, max_bytes: int = 4096) -> list[bytes]:
@@ -192,8 +255,12 @@ def encode(message: Message, *, max_bytes: int = 4096) -> list[bytes]:
         return [encode_transfer_done(message.req_id, message.count)]
     if isinstance(message, Abort):
         return [encode_abort(message.req_id)]
+    if isinstance(message, Ok):
+        return [encode_ok(message.req_id)]
     if isinstance(message, Nack):
         return [encode_nack(message.req_id, message.reason)]
+    if isinstance(message, LeaseLost):
+        return [encode_lease_lost(message.req_id, message.reason)]
     raise TypeError(f"not a message: {message!r}")
 
 
@@ -223,11 +290,18 @@ def decode(msg: bytes) -> Message:
         return Heartbeat(tuple(_valid_id(part, data) for part in body.split(",")))
     if data.startswith(ABORT_PREFIX):
         return Abort(_valid_id(text[len(ABORT_PREFIX) :], data))
+    if data.startswith(OK_PREFIX):
+        return Ok(_valid_id(text[len(OK_PREFIX) :], data))
     if data.startswith(NACK_PREFIX):
         reason, sep, rid = text[len(NACK_PREFIX) :].partition(":")
         if not sep or reason not in NACK_REASONS:
             raise MalformedMessage(f"bad nack {data[:64]!r}")
         return Nack(_valid_id(rid, data), reason)
+    if data.startswith(LEASE_LOST_PREFIX):
+        reason, sep, rid = text[len(LEASE_LOST_PREFIX) :].partition(":")
+        if not sep or reason not in LOST_REASONS:
+            raise MalformedMessage(f"bad lease-lost {data[:64]!r}")
+        return LeaseLost(_valid_id(rid, data), reason)
     rid, sep, count = text.rpartition(":")
     if not sep:
         raise MalformedMessage(f"unknown message {data[:64]!r}")
@@ -237,3 +311,50 @@ def decode(msg: bytes) -> Message:
     if not 1 <= n <= MAX_COUNT:
         raise MalformedMessage(f"transfer-done count {n} out of range in {data[:64]!r}")
     return TransferDone(_valid_id(rid, data), n)
+
+
+# -- deciding what P answers (I13) ---------------------------------------------------------
+_ENDED_STATE = {
+    ReleaseReason.TRANSFERRED: R.TRANSFERRED,
+    ReleaseReason.EXPIRED: R.EXPIRED,
+    ReleaseReason.ABORTED: R.ABORTED,
+}
+_NACK_REASON = {state: reason.value for reason, state in _ENDED_STATE.items()}
+
+
+def verdict(req_id: str, result: Release | TransferCounted | LateTransfer | None) -> Verdict:
+    """The verdict P sends for one transfer-done of ``req_id``, given what
+    :meth:`~leaseproto.LeaseTable.transfer_done` returned for it (I13).
+
+    * :class:`Release` (the last reader) or :class:`TransferCounted` (a partial
+      count): the lease was live when the notification was handled: ``OK``;
+    * :class:`LateTransfer`: the lease had ended: ``NK`` with how it ended
+      (``expired``, ``aborted``, ``transferred``);
+    * ``None`` (no lease and no tombstone: the notification was staged for a
+      grant that may never come): ``NK`` ``unknown``. P cannot vouch for blocks
+      it holds no lease on, so the reader recomputes.
+
+    Raises:
+        LocalProtocolError: ``result`` names another request, or is not one of
+            those.
+    """
+    if result is None:
+        state = R.ABSENT
+    elif isinstance(result, (Release, TransferCounted)):
+        state = R.GRANTED  # handled while the lease was live
+    elif isinstance(result, LateTransfer):
+        state = _ENDED_STATE[result.ended]
+    else:
+        raise LocalProtocolError(f"not a transfer-done result: {result!r}")
+    if result is not None and result.req_id != req_id:
+        raise LocalProtocolError(f"result for {result.req_id!r} given as the verdict of {req_id!r}")
+    if R.transfer_verdict_ok(state):
+        return Ok(req_id)
+    return Nack(req_id, _NACK_REASON.get(state, "unknown"))
+
+
+def lease_lost(req_id: str, reason: ReleaseReason | None) -> LeaseLost:
+    """The advisory answer to a heartbeat naming ``req_id``, which P no longer
+    holds: ``reason`` is :meth:`~leaseproto.LeaseTable.lost_reason` (``None``:
+    P knows no lease by that id)."""
+    return LeaseLost(req_id, "unknown" if reason is None else reason.value)

@@ -19,7 +19,7 @@ import heapq
 
 from ..core import wire
 from ..core.errors import LocalProtocolError
-from ..core.events import LateTransfer, Release
+from ..core.events import LateTransfer, Release, TransferCounted
 from ..core.table import TableStats
 from ..core.tracker import HeartbeatTracker
 from .expect import check
@@ -149,31 +149,36 @@ class _Replay(World):
             text = "; ".join(f"{', '.join(ids)} {what}" for what, ids in outcomes.items())
             self._emit(r.name, "heartbeat", f"{head}: {text}", ids=list(msg.ids))
         elif isinstance(msg, wire.TransferDone):
-            res = tab.transfer_done(msg.req_id, now=now)
+            res = tab.transfer_done(msg.req_id, now=now, readers=msg.count)
+            answer = wire.encode(wire.verdict(msg.req_id, res))[0].decode()
+            if not answer.startswith("OK:"):
+                r.nacks.append(msg.req_id)
             if isinstance(res, Release):
-                self._emit(r.name, "transfer_done", head)
+                self._emit(r.name, "transfer_done", f"{head}: P answers {answer}", verdict=answer)
                 self._release(r, res)
             elif isinstance(res, LateTransfer):
-                nack = wire.encode_nack(res.req_id, res.ended.value)
-                r.nacks.append(res.req_id)
                 self._emit(
                     r.name,
                     "late_transfer",
                     f"{head}: LATE, lease {res.ended.value} at {fmt(res.ended_at)}: "
-                    f"the reader may have read reused blocks; send {nack.decode()} to D",
+                    f"the reader may have read reused blocks; P answers {answer}",
                     id=res.req_id,
                     ended=res.ended.value,
-                    nack=nack.decode(),
+                    nack=answer,
+                    verdict=answer,
                 )
             else:
-                info = tab.lease_info(msg.req_id)
-                if info is not None:
-                    what = f"counted {info['done']} of {info['consumers']}"
-                elif tab.ended(msg.req_id) is not None:
-                    what = "excess (lease already transferred), ignored"
+                if isinstance(res, TransferCounted):
+                    what = f"counted {res.done} of {res.readers}"
                 else:
                     what = "early: not granted yet, staged"
-                self._emit(r.name, "transfer_done", f"{head}: {what}", id=msg.req_id)
+                self._emit(
+                    r.name,
+                    "transfer_done",
+                    f"{head}: {what}; P answers {answer}",
+                    id=msg.req_id,
+                    verdict=answer,
+                )
         elif isinstance(msg, wire.Abort):
             rel = tab.abort(msg.req_id, now=now)
             if rel is not None:

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..core.config import LeaseConfig
-from ..core.events import LateTransfer, Release, ReleaseReason
+from ..core.events import LateTransfer, Release, ReleaseReason, TransferCounted
 
 __all__ = ["NaiveLeaseTable"]
 
@@ -46,7 +46,7 @@ class NaiveLeaseTable:
             last_renewal=lease["last_renewal"],
         )
 
-    def _stage(self, req_id: str, now: float, abort: bool) -> None:
+    def _stage(self, req_id: str, now: float, abort: bool, readers: int | None = None) -> None:
         if req_id not in self.staged:
             if self.config.staging_capacity == 0:
                 self._count("early_dropped")
@@ -54,11 +54,13 @@ class NaiveLeaseTable:
             if len(self.staged) >= self.config.staging_capacity:
                 del self.staged[next(iter(self.staged))]
                 self._count("early_dropped")
-            self.staged[req_id] = {"first": now, "transfers": 0, "abort": False}
+            self.staged[req_id] = {"first": now, "transfers": 0, "abort": False, "readers": None}
         if abort:
             self.staged[req_id]["abort"] = True
         else:
             self.staged[req_id]["transfers"] += 1
+            if readers is not None:  # the latest notification's n decides
+                self.staged[req_id]["readers"] = readers
         self._count("early_staged")
 
     def grant(
@@ -86,8 +88,9 @@ class NaiveLeaseTable:
         if early["abort"]:
             return self._release(req_id, ReleaseReason.ABORTED, now)
         lease = self.leases[req_id]
-        lease["done"] = min(early["transfers"], consumers)
-        if early["transfers"] >= consumers:
+        readers = consumers if early["readers"] is None else early["readers"]
+        lease["done"] = min(early["transfers"], readers)
+        if early["transfers"] >= readers:
             return self._release(req_id, ReleaseReason.TRANSFERRED, now)
         return None
 
@@ -109,21 +112,25 @@ class NaiveLeaseTable:
         self._count("renewed", n)
         return n
 
-    def transfer_done(self, req_id: str, *, now: float) -> Release | LateTransfer | None:
+    def transfer_done(
+        self, req_id: str, *, now: float, readers: int | None = None
+    ) -> Release | TransferCounted | LateTransfer | None:
         lease = self.leases.get(req_id)
         if lease is not None:
+            # n from the wire, when the notification carries one, decides
+            n = lease["consumers"] if readers is None else readers
             lease["done"] += 1
-            if lease["done"] >= lease["consumers"]:
+            if lease["done"] >= n:
                 return self._release(req_id, ReleaseReason.TRANSFERRED, now)
-            return None
+            return TransferCounted(req_id, now, done=lease["done"], readers=n)
         if req_id in self.ended:
+            # ended any way, completed by earlier transfer-dones included: late
             reason, at = self.ended[req_id]
-            if reason is ReleaseReason.TRANSFERRED:
-                self._count("excess_transfers")
-                return None
-            self._count("late_transfers")
+            self._count(
+                "excess_transfers" if reason is ReleaseReason.TRANSFERRED else "late_transfers"
+            )
             return LateTransfer(req_id, reason, now, ended_at=at)
-        self._stage(req_id, now, abort=False)
+        self._stage(req_id, now, abort=False, readers=readers)
         return None
 
     def abort(self, req_id: str, *, now: float) -> Release | None:

@@ -15,8 +15,9 @@ from hypothesis import note
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from ..core import wire
 from ..core.config import LeaseConfig
-from ..core.events import LateTransfer, Release, ReleaseReason
+from ..core.events import LateTransfer, Release, ReleaseReason, TransferCounted
 from ..core.table import LeaseTable
 from ._model import NaiveLeaseTable
 
@@ -68,7 +69,7 @@ class LeaseTableMachine(RuleBasedStateMachine):
         assert self.table is not None and self.model is not None
         return self.table, self.model
 
-    def _ended(self, out: Release | LateTransfer | None) -> None:
+    def _ended(self, out: Release | TransferCounted | LateTransfer | None) -> None:
         if isinstance(out, Release):
             self.released[out.req_id] = self.released.get(out.req_id, 0) + 1
             self.meta.pop(out.req_id, None)
@@ -107,14 +108,15 @@ class LeaseTableMachine(RuleBasedStateMachine):
                     self.meta[rid]["last_renewal"] = self.now
 
     @precondition(lambda self: self.table is not None)
-    @rule(req_id=_ids)
-    def transfer_done(self, req_id: str) -> None:
+    @rule(req_id=_ids, readers=st.none() | st.integers(1, 3))
+    def transfer_done(self, req_id: str, readers: int | None) -> None:
         table, model = self._t()
-        note(f"t={self.now}: transfer_done({req_id!r})")
-        got = table.transfer_done(req_id, now=self.now)
-        assert got == model.transfer_done(req_id, now=self.now)
-        if isinstance(got, LateTransfer):
-            assert got.ended in (ReleaseReason.EXPIRED, ReleaseReason.ABORTED)
+        note(f"t={self.now}: transfer_done({req_id!r}, readers={readers})")
+        live = req_id in table
+        got = table.transfer_done(req_id, now=self.now, readers=readers)
+        assert got == model.transfer_done(req_id, now=self.now, readers=readers)
+        ok = isinstance(wire.verdict(req_id, got), wire.Ok)
+        assert ok == live, "I13: OK exactly when the lease was live when handled"
         self._ended(got)
 
     @precondition(lambda self: self.table is not None)
@@ -198,6 +200,7 @@ class LeaseTableMachine(RuleBasedStateMachine):
         for rid in self.table.live():
             info = self.table.lease_info(rid)
             assert info is not None
-            done, consumers = info["done"], info["consumers"]
-            assert isinstance(done, int) and isinstance(consumers, int)
-            assert done < consumers, "I10: a live lease has fewer than consumers notifications"
+            # readers: the latest notification's n (the granted consumers before any)
+            done, readers = info["done"], info["readers"]
+            assert isinstance(done, int) and isinstance(readers, int)
+            assert done < readers, "I10: a live lease has fewer notifications than its readers"
