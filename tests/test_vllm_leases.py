@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from leaseproto import LeaseConfig, ReleaseReason
+from leaseproto import LeaseConfig, ReleaseReason, TransferCounted
 from leaseproto.integrations.vllm.leases import LeaseView, WorkerLeases
 
 
@@ -76,7 +76,8 @@ def test_readers_complete_the_lease(readers: int) -> None:
     lp, view, _ = make()
     view["a"] = 130.0
     for i in range(readers - 1):
-        assert lp.transfer_done("a", readers) is None
+        counted = lp.transfer_done("a", readers)
+        assert isinstance(counted, TransferCounted) and counted.done == i + 1
         assert lp.readers_done("a") == i + 1
     release = lp.transfer_done("a", readers)
     assert release is not None and release.reason is ReleaseReason.TRANSFERRED

@@ -130,7 +130,7 @@ class PrefillWorker(EngineLoop):
             )
 
     def _late(self, late: LateTransfer, sender: str) -> None:
-        what = "expired" if late.ended is ReleaseReason.EXPIRED else "aborted"
+        what = late.ended.value
         if self.opts.policy == "fixed":
             log.warning(
                 "late transfer-done for req %s from %s: its lease %s %.2f s earlier; "

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from typing import Any, cast
 
-from leaseproto import LateTransfer, LeaseConfig, LeaseTable, Release
+from leaseproto import LateTransfer, LeaseConfig, LeaseTable, Release, TransferCounted
 
 __all__ = ["LeaseView", "WorkerLeases"]
 
@@ -88,14 +88,16 @@ class WorkerLeases:
         out, self.settled = self.settled, []
         return out
 
-    def transfer_done(self, req_id: str, readers: int) -> Release | LateTransfer | None:
+    def transfer_done(
+        self, req_id: str, readers: int
+    ) -> Release | TransferCounted | LateTransfer | None:
         """One transfer-done carrying vLLM's ``n`` (``readers``): the lease ends
         after ``readers`` of them."""
         now = self.now()
         if _CORE_READERS:
-            out: Release | LateTransfer | None = cast(Any, self.table).transfer_done(
-                req_id, now=now, readers=readers
-            )
+            out: Release | TransferCounted | LateTransfer | None = cast(
+                Any, self.table
+            ).transfer_done(req_id, now=now, readers=readers)
             return out
         if req_id in self.table:
             done = self._counts.get(req_id, 0) + 1
