@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from polling import wait_for
+from pty_screen import run_in_pty
 
 pytestmark = pytest.mark.e2e
 
@@ -54,4 +55,54 @@ def test_ctrl_c_stops_every_worker(tmp_path: Path) -> None:
     assert proc.returncode == 130, err
     assert "Traceback" not in err, err
     assert "interrupted" in err
+    wait_for(lambda: all(_gone(p) for p in pids), "every worker process to exit", 15.0)
+
+
+# -- the terminal --------------------------------------------------------------------------
+SMALL = ["--first-wave", "6", "--waves", "2", "--wave", "2"]
+
+
+def _is_status(line: str) -> bool:
+    """A line of the live status: the phase, a bar, the figures."""
+    return "━" in line or "answered |" in line or "blocks freed;" in line
+
+
+def test_demo_reads_well_in_80_columns() -> None:
+    code, shown, most_status = run_in_pty(["demo", *SMALL], _is_status, columns=80)
+    text = "\n".join(shown)
+    assert code == 0, text
+    # the live status is one line, redrawn in place: never two copies, none left over
+    assert most_status == 1, text
+    assert not any(_is_status(ln) for ln in shown), text
+    # phase 2's moment of the kill stays readable
+    kill = [ln for ln in shown if "SIGKILL D" in ln]
+    assert len(kill) == 1 and "P holds" in kill[0], text
+    # the verdicts and the table are there, fitted to the width
+    assert sum("->" in ln for ln in shown) == 3, text
+    assert any(ln.lstrip().startswith("1 surge") for ln in shown), text
+    assert "total " in text
+    assert all(len(ln) <= 80 for ln in shown)
+
+
+def test_demo_piped_is_plain_text(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "leaseproto", "demo", *SMALL],
+        capture_output=True,
+        timeout=300,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr.decode()
+    assert b"\x1b" not in out.stdout and b"\r" not in out.stdout
+    text = out.stdout.decode()
+    assert "SIGKILL D" in text and text.count("->") == 3 and "total " in text
+
+
+def test_demo_into_head_exits_quietly(tmp_path: Path) -> None:
+    log_dir = tmp_path / "logs"
+    cmd = f"{sys.executable} -m leaseproto demo --log-dir {log_dir} 2>{tmp_path / 'err'} | head -2"
+    r = subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=300, check=False)
+    assert len(r.stdout.splitlines()) == 2
+    err = (tmp_path / "err").read_text()
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+    pids = [json.loads(p.read_text())["pid"] for p in log_dir.glob("*/*.ready.json")]
     wait_for(lambda: all(_gone(p) for p in pids), "every worker process to exit", 15.0)

@@ -243,3 +243,18 @@ def test_cli_plot(tmp_path: Path) -> None:
         == 0
     )
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_sim_progress_bar_in_80_columns_leaves_no_residue() -> None:
+    pytest.importorskip("rich")
+    from pty_screen import run_in_pty
+
+    def is_bar(line: str) -> bool:
+        return "virtual t=" in line
+
+    code, shown, most = run_in_pty(["sim", "--preset", "both", "--progress"], is_bar, columns=80)
+    text = "\n".join(shown)
+    assert code == 0, text
+    assert most == 1, text  # drawn, on one line
+    assert not any(is_bar(ln) for ln in shown), text  # and gone
+    assert any(ln.startswith("requests ") for ln in shown), text

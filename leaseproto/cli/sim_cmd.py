@@ -92,7 +92,8 @@ def register(sub: Any) -> None:
         dest="progress",
         action="store_true",
         default=None,
-        help="show a progress bar (default: when stderr is a terminal)",
+        help="show a progress bar on stderr (default: when stderr is a terminal and rich, "
+        "of the serve extra, is installed)",
     )
     bar.add_argument("--no-progress", dest="progress", action="store_false")
     p.set_defaults(func=run)
@@ -129,7 +130,7 @@ def parse_policies(text: str, lease_cfg: Any) -> list[Any]:
 def run(args: argparse.Namespace) -> int:
     from .. import LeaseConfig  # noqa: PLC0415
     from ..sim import Progress, compare, preset  # noqa: PLC0415
-    from ..sim.report import header, plot, table, write_files  # noqa: PLC0415
+    from ..sim.report import plot, print_report, write_files  # noqa: PLC0415
 
     if args.plot is not None and importlib.util.find_spec("matplotlib") is None:
         return fail("sim", "--plot needs matplotlib: pip install 'leaseproto[plot]'")
@@ -148,6 +149,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         return fail("sim", str(exc))
     show = sys.stderr.isatty() if args.progress is None else args.progress
+    show = show and Progress.available()
     comp = compare(
         scenario,
         seed=args.seed,
@@ -168,8 +170,7 @@ def run(args: argparse.Namespace) -> int:
             )
         )
     else:
-        print(header(comp))
-        print(table(comp))
+        print_report(comp, sys.stdout)
     if args.out is not None:
         for path in write_files(comp, args.out):
             print(f"wrote {path}", file=sys.stderr)

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from .figures import FIGURE_LABELS
 from .runner import Comparison
 
-__all__ = ["plot", "table", "write_files"]
+__all__ = ["plot", "print_report", "table", "write_files"]
 
 
 def _cell(value: object, fmt: str) -> str:
@@ -44,6 +45,38 @@ def table(comp: Comparison) -> str:
             )
         )
     return "\n".join(lines)
+
+
+def print_report(comp: Comparison, out: TextIO) -> None:
+    """The header and the figures on ``out``: with ``rich`` (the ``serve`` extra)
+    fitted to the terminal's width (80 columns when not a terminal); without it,
+    :func:`header` and :func:`table` as they are."""
+    if importlib.util.find_spec("rich") is None:
+        out.write(header(comp) + "\n" + table(comp) + "\n")
+        return
+    from rich import box  # noqa: PLC0415
+    from rich.console import Console  # noqa: PLC0415
+    from rich.table import Table  # noqa: PLC0415
+    from rich.text import Text  # noqa: PLC0415
+
+    console = Console(file=out, highlight=False, markup=False)
+    t = Table(
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        show_edge=False,
+        header_style="",
+        padding=(0, 1, 0, 0),
+    )
+    t.add_column("", no_wrap=True)
+    for f in comp.figures:
+        t.add_column(f.policy, justify="right")
+    for attr, label, fmt in FIGURE_LABELS:
+        t.add_row(label, *(_cell(getattr(f, attr), fmt) for f in comp.figures))
+    with console.capture() as captured:
+        console.print(Text(header(comp)))
+        console.print(t)
+    for line in captured.get().splitlines():
+        out.write(line.rstrip() + "\n")
 
 
 def header(comp: Comparison) -> str:

@@ -10,7 +10,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TextIO
+from typing import Any, TextIO
 
 from .figures import Figures, Series
 from .fleet import FleetRun
@@ -21,37 +21,57 @@ __all__ = ["Comparison", "Progress", "compare"]
 
 
 class Progress:
-    """A one-line progress bar on a stream, redrawn at most every ``every`` s
-    of wall time: ``[policy 2/4] ######.... 61% virtual t=549s``."""
+    """A progress bar on a terminal (``rich``), one task per policy:
+    ``lease 3/4 ━━━━━━━━━╸━━━━━━  61% virtual t=549s``, fitted to the
+    terminal's width and cleared when the comparison ends.
 
-    def __init__(self, stream: TextIO | None = None, every: float = 0.2, width: int = 30) -> None:
-        self.stream = stream if stream is not None else sys.stderr
-        self.every = every
-        self.width = width
-        self._last = 0.0
-        self._label = ""
-        self._total = 1.0
+    Needs ``rich`` (the ``serve`` extra); :func:`available` says whether it is
+    installed. On a stream that is not a terminal it draws nothing.
+    """
+
+    def __init__(self, stream: TextIO | None = None, every: float = 0.2) -> None:
+        from rich.console import Console  # noqa: PLC0415 - optional
+        from rich.progress import (  # noqa: PLC0415
+            BarColumn,
+            TaskProgressColumn,
+            TextColumn,
+        )
+        from rich.progress import Progress as Bar  # noqa: PLC0415
+
+        console = Console(file=stream if stream is not None else sys.stderr)
+        self._bar = Bar(
+            TextColumn("{task.description}"),
+            BarColumn(bar_width=None),
+            TaskProgressColumn(),
+            TextColumn("virtual t={task.completed:,.0f}s"),
+            console=console,
+            transient=True,
+            refresh_per_second=max(1.0, 1.0 / every),
+        )
+        self._task: Any = None
+
+    @staticmethod
+    def available() -> bool:
+        """Whether ``rich`` is installed."""
+        import importlib.util  # noqa: PLC0415
+
+        return importlib.util.find_spec("rich") is not None
 
     def start(self, label: str, total: float) -> None:
-        self._label = label
-        self._total = total
-        self._last = 0.0
-        self.update(0.0)
+        if self._task is None:
+            self._bar.start()
+        else:
+            self._bar.remove_task(self._task)
+        self._task = self._bar.add_task(label, total=max(total, 1e-9))
 
     def update(self, t: float) -> None:
-        now = time.monotonic()
-        if now - self._last < self.every and t > 0.0:
-            return
-        self._last = now
-        frac = min(1.0, t / self._total) if self._total > 0 else 1.0
-        filled = int(frac * self.width)
-        bar = "#" * filled + "." * (self.width - filled)
-        self.stream.write(f"\r{self._label} {bar} {frac:4.0%} virtual t={t:,.0f}s ")
-        self.stream.flush()
+        if self._task is not None:
+            self._bar.update(self._task, completed=t)
 
     def done(self) -> None:
-        self.stream.write("\r" + " " * (len(self._label) + self.width + 40) + "\r")
-        self.stream.flush()
+        if self._task is not None:
+            self._bar.stop()
+            self._task = None
 
 
 @dataclass

@@ -31,6 +31,7 @@ from typing import Any, TextIO
 
 from ..core.config import LeaseConfig
 from .cluster import Cluster, ClusterSpec
+from .demo_view import DemoDisplay
 
 __all__ = ["DemoSettings", "PhaseResult", "run_demo"]
 
@@ -82,28 +83,6 @@ class PhaseResult:
     notes: list[str] = field(default_factory=list)
 
 
-class _Progress:
-    def __init__(self, out: TextIO) -> None:
-        self.out = out
-        self.tty = out.isatty()
-        self._last = 0.0
-
-    def show(self, text: str, *, force: bool = False) -> None:
-        now = time.monotonic()
-        if self.tty:
-            self.out.write("\r\x1b[2K  " + text)
-            self.out.flush()
-        elif force or now - self._last >= 2.0:
-            self.out.write("  " + text + "\n")
-            self.out.flush()
-            self._last = now
-
-    def done(self) -> None:
-        if self.tty:
-            self.out.write("\n")
-            self.out.flush()
-
-
 def _prompts(settings: DemoSettings, n: int, salt: int) -> list[list[int]]:
     from .backend import vocab_size  # noqa: PLC0415 - torch, on use
 
@@ -128,7 +107,7 @@ def _surge(
     cluster: Cluster,
     settings: DemoSettings,
     result: PhaseResult,
-    progress: _Progress,
+    progress: DemoDisplay,
     reference: Callable[[list[int]], list[int]],
 ) -> None:
     n = settings.first_wave + settings.waves * settings.wave
@@ -153,7 +132,7 @@ def _surge(
             _show(progress, cluster, result.name, len(client.results), n)
             if not schedule and len(client.results) >= n:
                 break
-        progress.done()
+        progress.end_status()
         for rid, msg in client.results.items():
             result.answered += 1
             result.longest_wait_s = max(result.longest_wait_s, msg.get("_latency") or 0.0)
@@ -172,17 +151,20 @@ def _surge(
     _settle(cluster, result, settings)
 
 
-def _show(progress: _Progress, cluster: Cluster, name: str, answered: int, n: int) -> None:
+def _show(progress: DemoDisplay, cluster: Cluster, name: str, answered: int, n: int) -> None:
     try:
         d = cluster.stats(cluster.decode[0], timeout=1.0)
         p = cluster.stats(cluster.prefill[0], timeout=1.0)
     except TimeoutError:
         return
     t = p.get("table", {})
-    progress.show(
-        f"{name}: {answered}/{n} answered | D waiting {d.get('waiting')} running "
-        f"{d.get('running')} | P blocks held {p.get('blocks_held')} | expired "
-        f"{t.get('released_expired')} late {t.get('late_transfers')}"
+    progress.status(
+        name,
+        f"answered | D waiting {d.get('waiting')} running {d.get('running')} | P blocks "
+        f"held {p.get('blocks_held')} | expired {t.get('released_expired')} late "
+        f"{t.get('late_transfers')}",
+        done=answered,
+        total=n,
     )
 
 
@@ -203,7 +185,7 @@ def _settle(cluster: Cluster, result: PhaseResult, settings: DemoSettings) -> No
 
 
 def _crash(
-    cluster: Cluster, settings: DemoSettings, result: PhaseResult, progress: _Progress
+    cluster: Cluster, settings: DemoSettings, result: PhaseResult, progress: DemoDisplay
 ) -> None:
     n = settings.crash_requests
     client = cluster.client()
@@ -218,10 +200,9 @@ def _crash(
         time.sleep(settings.kv_lease_duration - settings.lease_extension + 0.2)
         d = cluster.stats(cluster.decode[0])
         p = cluster.stats(cluster.prefill[0])
-        progress.show(
-            f"{result.name}: D has {d['waiting']} waiting, {d['running']} running; "
-            f"P holds {p['blocks_held']} blocks: SIGKILL D",
-            force=True,
+        progress.line(
+            f"  {result.name}: D has {d['waiting']} waiting, {d['running']} running; "
+            f"P holds {p['blocks_held']} blocks: SIGKILL D"
         )
         held_at_kill = p["blocks_held"]
         killed_at = cluster.kill(cluster.decode[0])
@@ -229,12 +210,15 @@ def _crash(
         result.reclaim_bound_s = bound
         released_at = cluster.last_release(
             until=killed_at + bound + 10.0,
-            on_poll=lambda p, asked: progress.show(
-                f"{result.name}: P holds {p['blocks_held']} blocks "
-                f"{asked - killed_at:.2f} s after the kill"
+            on_poll=lambda p, asked: progress.status(
+                result.name,
+                f"blocks freed; P holds {p['blocks_held']} "
+                f"{asked - killed_at:.2f} s after the kill",
+                done=max(0, held_at_kill - p["blocks_held"]),
+                total=held_at_kill,
             ),
         )
-        progress.done()
+        progress.end_status()
         if released_at is None:
             result.notes.append("P still held blocks 10 s past the bound")
         elif held_at_kill == 0:
@@ -258,17 +242,20 @@ def run_demo(
 ) -> list[PhaseResult]:
     from .backend import reference_tokens  # noqa: PLC0415 - torch, on use
 
-    progress = _Progress(out)
+    progress = DemoDisplay(out)
 
     def reference(prompt: list[int]) -> list[int]:
         return reference_tokens(prompt, settings.max_tokens, device=settings.device)
 
     def phase(result: PhaseResult, body: Callable[[PhaseResult], None], intro: str) -> None:
-        out.write(f"phase {result.name}: {intro}\n")
+        progress.line(f"phase {result.name}: {intro}")
         start = time.monotonic()
-        body(result)
+        try:
+            body(result)
+        finally:
+            progress.end_status()
         result.seconds = time.monotonic() - start
-        out.write(f"  -> {_verdict(result, settings)}\n")
+        progress.verdict(_verdict(result, settings))
         results.append(result)
 
     n = settings.first_wave + settings.waves * settings.wave
@@ -279,13 +266,13 @@ def run_demo(
     # P's pool holds one surge (all of it may wait on D at once), and no more
     p_blocks = n * -(-settings.prompt_len // ClusterSpec.block_size) + 2
     results: list[PhaseResult] = []
-    out.write(
+    progress.line(
         f"leaseproto demo: kv_lease_duration {settings.kv_lease_duration:g} s, heartbeat "
         f"every {settings.heartbeat_interval:g} s, lease extension "
-        f"{settings.lease_extension:g} s, device {settings.device}\n"
+        f"{settings.lease_extension:g} s, device {settings.device}"
     )
     t0 = time.monotonic()
-    out.write("starting a router, a prefill and a decode worker (lease policy)...\n")
+    progress.line("starting a router, a prefill and a decode worker (lease policy)...")
     with Cluster(_spec(settings, "lease", p_blocks), log_dir=_sub(settings, "lease")) as cluster:
         phase(
             PhaseResult("1 surge", "lease"),
@@ -297,14 +284,16 @@ def run_demo(
             lambda r: _crash(cluster, settings, r, progress),
             f"{settings.crash_requests} requests queued on the decoder, then SIGKILL",
         )
-    out.write("restarting the workers with --policy fixed (fixed timeout, no renewals)...\n")
+    progress.line("restarting the workers with --policy fixed (fixed timeout, no renewals)...")
     with Cluster(_spec(settings, "fixed", p_blocks), log_dir=_sub(settings, "fixed")) as cluster:
         phase(
             PhaseResult("3 surge", "fixed"),
             lambda r: _surge(cluster, settings, r, progress, reference),
             "the same " + surge,
         )
-    out.write("\n" + _table(results) + f"\ntotal {time.monotonic() - t0:.1f} s\n")
+    progress.line("")
+    progress.table(*_table(results))
+    progress.line(f"total {time.monotonic() - t0:.1f} s")
     if json_path is not None:
         Path(json_path).write_text(
             json.dumps(
@@ -345,37 +334,32 @@ def _sub(settings: DemoSettings, name: str) -> Path | None:
     return None if settings.log_dir is None else Path(settings.log_dir) / name
 
 
-def _table(results: list[PhaseResult]) -> str:
-    head = (
+def _table(results: list[PhaseResult]) -> tuple[list[str], list[list[str]], list[str]]:
+    """The summary table: its head, rows and notes."""
+    head = [
         "phase",
         "policy",
         "requests",
         "identical",
         "expired",
-        "late xfer",
-        "reclaim s",
-        "bound s",
+        "late\nxfers",
+        "reclaim\ns",
+        "bound\ns",
         "leaked",
-    )
-    rows = [head]
-    for r in results:
-        rows.append(
-            (
-                r.name,
-                r.policy,
-                str(r.requests),
-                "-" if r.name.startswith("2") else f"{r.identical}/{r.requests}",
-                str(r.leases_expired),
-                str(r.late_transfers),
-                "-" if r.reclaim_s is None else f"{r.reclaim_s:.2f}",
-                "-" if r.reclaim_bound_s is None else f"{r.reclaim_bound_s:.2f}",
-                str(r.blocks_leaked),
-            )
-        )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-    lines = [
-        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
     ]
-    lines.insert(1, "  ".join("-" * w for w in widths))
+    rows = [
+        [
+            r.name,
+            r.policy,
+            str(r.requests),
+            "-" if r.name.startswith("2") else f"{r.identical}/{r.requests}",
+            str(r.leases_expired),
+            str(r.late_transfers),
+            "-" if r.reclaim_s is None else f"{r.reclaim_s:.2f}",
+            "-" if r.reclaim_bound_s is None else f"{r.reclaim_bound_s:.2f}",
+            str(r.blocks_leaked),
+        ]
+        for r in results
+    ]
     notes = [f"  {r.name}: {note}" for r in results for note in r.notes]
-    return "\n".join(lines + notes)
+    return head, rows, notes
