@@ -19,6 +19,14 @@ Rules:
   ``tombstone_capacity >= 1``, ``staging_capacity >= 0``.
 * **C6** ``from_extra_config`` takes a mapping; keys it does not know are left
   to their owner (vLLM's dict holds other connectors' keys too).
+* **C7** ids fit the wire: the longest request id P grants and D tracks is
+  :attr:`LeaseConfig.max_id_bytes` ``= min(MAX_ID_BYTES, max_notification_bytes
+  - VERDICT_OVERHEAD)`` UTF-8 bytes, so every message naming one id (the
+  longest is ``NK:transferred:<id>``) fits in one notification;
+  ``LeaseTable.grant`` and ``HeartbeatTracker.track`` refuse longer ids.
+
+C1 covers derived values too: a ``kv_lease_duration`` whose default extension
+``2L/3`` overflows to infinity is refused.
 """
 
 from __future__ import annotations
@@ -27,6 +35,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
+
+from .wire import MAX_ID_BYTES, VERDICT_OVERHEAD
 
 __all__ = ["DEFAULT_KV_LEASE_DURATION", "LeaseConfig"]
 
@@ -165,6 +175,11 @@ class LeaseConfig:
             "staging_capacity": _count("staging_capacity", staging_capacity, 0),
         }
         for key, value in values.items():
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(
+                    f"{key}={value!r}, derived from kv_lease_duration={duration!r}, "
+                    "must be finite (rule C1)"
+                )
             object.__setattr__(self, key, value)
 
     @classmethod
@@ -193,6 +208,13 @@ class LeaseConfig:
     def as_dict(self) -> dict[str, float | int | None]:
         """The effective values, derived ones included."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @property
+    def max_id_bytes(self) -> int:
+        """The longest request id, in UTF-8 bytes, that ``grant`` and ``track``
+        accept (rule C7): every message naming it fits in
+        ``max_notification_bytes``."""
+        return min(MAX_ID_BYTES, self.max_notification_bytes - VERDICT_OVERHEAD)
 
     @property
     def tolerated_missed_heartbeats(self) -> int:

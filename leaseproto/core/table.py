@@ -14,12 +14,14 @@ import itertools
 import math
 from collections import OrderedDict
 from collections.abc import Iterable
-from dataclasses import dataclass, fields
+from dataclasses import fields
 
 from . import rules as R
+from .checks import FIRST_NOW, advance, check_count, check_positive, check_wire_id
 from .config import LeaseConfig
 from .errors import LocalProtocolError
 from .events import LateTransfer, Release, ReleaseReason, TransferCounted
+from .lease import Lease, TableStats
 from .wire import MAX_COUNT
 
 __all__ = ["LeaseTable", "TableStats"]
@@ -31,66 +33,6 @@ _REASON = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class TableStats:
-    """Counters of a :class:`LeaseTable` since it was made."""
-
-    granted: int = 0
-    renewed: int = 0
-    #: heartbeat ids naming no lease P knows (never granted, or forgotten)
-    renew_unknown: int = 0
-    #: heartbeat ids naming a lease that had already ended (late heartbeats)
-    renew_late: int = 0
-    #: heartbeat ids naming a granted lease whose deadline had passed (not yet reaped)
-    renew_lapsed: int = 0
-    released_transferred: int = 0
-    released_expired: int = 0
-    released_aborted: int = 0
-    #: transfer-done after expiry or abort (reported as :class:`LateTransfer`)
-    late_transfers: int = 0
-    #: transfer-done after the lease was completed by earlier ones (also
-    #: reported as :class:`LateTransfer`: a surplus or replayed notification)
-    excess_transfers: int = 0
-    #: aborts naming an ended lease
-    late_aborts: int = 0
-    #: transfer-done or abort for an id not yet granted, staged
-    early_staged: int = 0
-    #: staged notifications applied by a later grant
-    early_applied: int = 0
-    #: staged notifications dropped (too old, or staging full)
-    early_dropped: int = 0
-    #: live leases now
-    live: int = 0
-
-
-class _Lease:
-    __slots__ = (
-        "cap_at",
-        "consumers",
-        "deadline",
-        "done",
-        "granted_at",
-        "last_renewal",
-        "readers",
-        "req_id",
-        "state",
-    )
-
-    def __init__(
-        self, req_id: str, now: float, deadline: float, cap_at: float | None, consumers: int
-    ) -> None:
-        self.req_id = req_id
-        self.state = R.GRANTED
-        self.granted_at = now
-        self.deadline = deadline
-        self.cap_at = cap_at
-        self.consumers = consumers
-        # how many transfer-dones complete it: the latest notification's n
-        self.readers = consumers
-        self.done = 0
-        self.last_renewal: float | None = None
-
-
 class LeaseTable:
     """P's leases. Owns no clock: every time-dependent call takes ``now``.
 
@@ -99,8 +41,8 @@ class LeaseTable:
 
     def __init__(self, config: LeaseConfig | None = None) -> None:
         self.config = config if config is not None else LeaseConfig()
-        self._leases: dict[str, _Lease] = {}
-        self._heap: list[tuple[float, int, _Lease]] = []
+        self._leases: dict[str, Lease] = {}
+        self._heap: list[tuple[float, int, Lease]] = []
         self._seq = itertools.count()
         self._stale = 0  # heap entries whose lease already ended
         # ended leases, oldest first: id -> (state, ended_at)
@@ -108,16 +50,14 @@ class LeaseTable:
         # notifications for ids not yet granted:
         # id -> [first_seen, transfers, aborted, readers of the latest (0: none given)]
         self._staged: OrderedDict[str, list[float]] = OrderedDict()
-        self._last_now = -math.inf
+        self._last_now = FIRST_NOW
         self._c = dict.fromkeys((f.name for f in fields(TableStats)), 0)
 
     # -- helpers --------------------------------------------------------------------------
     def _clock(self, now: float) -> None:
-        if now < self._last_now:
-            raise LocalProtocolError(f"now={now!r} went backwards (last seen {self._last_now!r})")
-        self._last_now = now
+        self._last_now = advance(self._last_now, now)
 
-    def _end(self, lease: _Lease, state: int, now: float) -> Release:
+    def _end(self, lease: Lease, state: int, now: float) -> Release:
         del self._leases[lease.req_id]
         lease.state = state
         self._ended[lease.req_id] = (state, now)
@@ -193,32 +133,27 @@ class LeaseTable:
         :class:`Release` says they already complete it (free the blocks at once).
 
         Raises:
-            LocalProtocolError: the id holds a live lease, or ``now`` went back.
-            ValueError: ``consumers < 1`` or a ``ttl`` that is not a positive
-                finite number. Nothing changes.
+            LocalProtocolError: the id holds a live lease or cannot go on the
+                wire (:func:`leaseproto.wire.check_id`, or longer than
+                ``config.max_id_bytes``: rule C7); ``consumers`` is not an
+                integer in ``[1, MAX_COUNT]``; ``ttl`` is not a positive finite
+                number; ``now`` is not finite or went back; or the deadline or
+                cap would not be finite. Nothing changes.
         """
+        check_wire_id(req_id, self.config.max_id_bytes)
         if req_id in self._leases:
             raise LocalProtocolError(f"lease for {req_id!r} is live: it cannot be granted again")
-        if isinstance(consumers, bool) or not isinstance(consumers, int) or consumers < 1:
-            raise ValueError(f"consumers={consumers!r} must be an integer >= 1")
-        if ttl is None:
-            ttl = self.config.kv_lease_duration
-        elif (
-            isinstance(ttl, bool)
-            or not isinstance(ttl, (int, float))
-            or not (math.isfinite(ttl) and ttl > 0)
-        ):
-            raise ValueError(f"ttl={ttl!r} must be a positive finite number of seconds")
+        check_count("consumers", consumers, MAX_COUNT)
+        ttl = self.config.kv_lease_duration if ttl is None else check_positive("ttl", ttl)
+        cap = self.config.max_lease_lifetime
+        advance(self._last_now, now)  # checked before anything changes
+        deadline = R.grant_deadline(now, float(ttl))
+        cap_at = None if cap is None else now + cap
+        if not math.isfinite(deadline) or (cap_at is not None and not math.isfinite(cap_at)):
+            raise LocalProtocolError(f"now={now!r} + ttl={ttl!r} is not a finite deadline")
         self._clock(now)
         self._ended.pop(req_id, None)  # a reused id starts a new lease (spec §6.1)
-        cap = self.config.max_lease_lifetime
-        lease = _Lease(
-            req_id,
-            now,
-            R.grant_deadline(now, float(ttl)),
-            None if cap is None else now + cap,
-            consumers,
-        )
+        lease = Lease(req_id, now, deadline, cap_at, consumers)
         self._leases[req_id] = lease
         heapq.heappush(self._heap, (lease.deadline, next(self._seq), lease))
         self._c["granted"] += 1
@@ -299,12 +234,8 @@ class LeaseTable:
             LocalProtocolError: ``readers`` is not an integer in
                 ``[1, MAX_COUNT]``, or ``now`` went back. Nothing changes.
         """
-        if readers is not None and (
-            isinstance(readers, bool)
-            or not isinstance(readers, int)
-            or not 1 <= readers <= MAX_COUNT
-        ):
-            raise LocalProtocolError(f"readers={readers!r} must be an integer in [1, {MAX_COUNT}]")
+        if readers is not None:
+            check_count("readers", readers, MAX_COUNT)
         self._clock(now)
         lease = self._leases.get(req_id)
         if lease is not None:

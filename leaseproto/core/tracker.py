@@ -21,6 +21,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from . import rules as R
+from .checks import FIRST_NOW, advance, check_wire_id
 from .config import LeaseConfig
 from .errors import LocalProtocolError
 
@@ -62,7 +63,7 @@ class HeartbeatTracker:
         # never had one (or may be pending): a lower bound that lets a step in
         # which nothing is due return at once (heartbeat_due is monotone in it)
         self._oldest: float | None = None
-        self._last_now = -math.inf
+        self._last_now = FIRST_NOW
         self._c = {
             "tracked": 0,
             "untracked": 0,
@@ -73,9 +74,7 @@ class HeartbeatTracker:
         }
 
     def _clock(self, now: float) -> None:
-        if now < self._last_now:
-            raise LocalProtocolError(f"now={now!r} went backwards (last seen {self._last_now!r})")
-        self._last_now = now
+        self._last_now = advance(self._last_now, now)
 
     def track(
         self, req_id: str, *, engine_id: str, remote_req_id: str | None = None, now: float
@@ -84,8 +83,16 @@ class HeartbeatTracker:
         waiting queue). ``remote_req_id`` is P's id (default ``req_id``).
 
         Raises:
-            LocalProtocolError: ``req_id`` is already tracked, or ``now`` went back.
+            LocalProtocolError: ``req_id`` is already tracked; the id that goes
+                on the wire (``remote_req_id``, else ``req_id``) cannot
+                (:func:`leaseproto.wire.check_id`, or longer than
+                ``config.max_id_bytes``: rule C7); ``now`` is not finite or went
+                back. Nothing changes.
         """
+        remote = req_id if remote_req_id is None else remote_req_id
+        check_wire_id(remote, self.config.max_id_bytes)
+        if not isinstance(req_id, str):
+            raise LocalProtocolError(f"request id must be a str, got {type(req_id).__name__}")
         if req_id in self._engine_of:
             raise LocalProtocolError(
                 f"request {req_id!r} is already tracked (engine {self._engine_of[req_id]!r})"
@@ -93,9 +100,7 @@ class HeartbeatTracker:
         self._clock(now)
         if engine_id not in self._by_engine:
             self._oldest = None  # a new engine is due at once
-        self._by_engine.setdefault(engine_id, {})[req_id] = (
-            req_id if remote_req_id is None else remote_req_id
-        )
+        self._by_engine.setdefault(engine_id, {})[req_id] = remote
         self._engine_of[req_id] = engine_id
         self._c["tracked"] += 1
 

@@ -149,7 +149,8 @@ Verdict = Union[Ok, Nack]  # noqa: UP007 - runtime alias, py3.10
 Message = Union[Heartbeat, TransferDone, Abort, Ok, Nack, LeaseLost]  # noqa: UP007
 
 
-def _id_problem(req_id: object) -> str | None:
+def id_problem(req_id: object) -> str | None:
+    """Why ``req_id`` cannot go on the wire, or ``None`` when it can."""
     if not isinstance(req_id, str):
         return f"request id must be a str, got {type(req_id).__name__}"
     if not req_id:
@@ -178,7 +179,7 @@ def check_id(req_id: str) -> bytes:
             :data:`MAX_ID_BYTES`, or starts with a reserved prefix (``HB:``,
             ``AB:``, ``OK:``, ``NK:``, ``LL:``) or equals one without its colon.
     """
-    problem = _id_problem(req_id)
+    problem = id_problem(req_id)
     if problem is not None:
         raise ValueError(problem)
     return req_id.encode("utf-8")
@@ -265,7 +266,7 @@ def encode(message: Message, *, max_bytes: int = 4096) -> list[bytes]:
 
 
 def _valid_id(raw: str, msg: object) -> str:
-    problem = _id_problem(raw)
+    problem = id_problem(raw)
     if problem is not None:
         raise MalformedMessage(f"{problem} in {msg!r}")
     return raw

@@ -1,0 +1,69 @@
+"""One lease's record on P and the counters of a table (spec §6.1)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import rules as R
+
+__all__ = ["Lease", "TableStats"]
+
+
+@dataclass(frozen=True, slots=True)
+class TableStats:
+    """Counters of a :class:`LeaseTable` since it was made."""
+
+    granted: int = 0
+    renewed: int = 0
+    #: heartbeat ids naming no lease P knows (never granted, or forgotten)
+    renew_unknown: int = 0
+    #: heartbeat ids naming a lease that had already ended (late heartbeats)
+    renew_late: int = 0
+    #: heartbeat ids naming a granted lease whose deadline had passed (not yet reaped)
+    renew_lapsed: int = 0
+    released_transferred: int = 0
+    released_expired: int = 0
+    released_aborted: int = 0
+    #: transfer-done after expiry or abort (reported as :class:`LateTransfer`)
+    late_transfers: int = 0
+    #: transfer-done after the lease was completed by earlier ones (also
+    #: reported as :class:`LateTransfer`: a surplus or replayed notification)
+    excess_transfers: int = 0
+    #: aborts naming an ended lease
+    late_aborts: int = 0
+    #: transfer-done or abort for an id not yet granted, staged
+    early_staged: int = 0
+    #: staged notifications applied by a later grant
+    early_applied: int = 0
+    #: staged notifications dropped (too old, or staging full)
+    early_dropped: int = 0
+    #: live leases now
+    live: int = 0
+
+
+class Lease:
+    __slots__ = (
+        "cap_at",
+        "consumers",
+        "deadline",
+        "done",
+        "granted_at",
+        "last_renewal",
+        "readers",
+        "req_id",
+        "state",
+    )
+
+    def __init__(
+        self, req_id: str, now: float, deadline: float, cap_at: float | None, consumers: int
+    ) -> None:
+        self.req_id = req_id
+        self.state = R.GRANTED
+        self.granted_at = now
+        self.deadline = deadline
+        self.cap_at = cap_at
+        self.consumers = consumers
+        # how many transfer-dones complete it: the latest notification's n
+        self.readers = consumers
+        self.done = 0
+        self.last_renewal: float | None = None

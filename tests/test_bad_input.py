@@ -1,0 +1,149 @@
+"""Bad input to the core (issue 9 §4): a clear LocalProtocolError, nothing changed.
+
+Each test here failed on main before the fix: a grant at ``now=nan`` was never
+expired, ``kv_lease_duration=1e308`` derived an infinite extension, and ids
+that cannot go on the wire were accepted by ``grant`` and ``track`` (D then
+failed inside its step, encoding the heartbeat).
+"""
+
+import math
+
+import pytest
+
+from leaseproto import HeartbeatTracker, LeaseConfig, LeaseTable, LocalProtocolError, wire
+
+BAD_NOW = [math.nan, math.inf, -math.inf]
+
+
+# -- non-finite now -----------------------------------------------------------------------
+@pytest.mark.parametrize("now", BAD_NOW)
+def test_grant_at_a_non_finite_now_is_refused(now: float) -> None:
+    t = LeaseTable()
+    with pytest.raises(LocalProtocolError, match="finite"):
+        t.grant("a", now=now)
+    assert len(t) == 0 and t.stats.granted == 0
+    t.grant("a", now=0.0)  # the table's clock did not move
+    assert t.expire(now=30.0)[0].req_id == "a"
+
+
+@pytest.mark.parametrize("now", BAD_NOW)
+def test_every_table_input_refuses_a_non_finite_now(now: float) -> None:
+    t = LeaseTable()
+    t.grant("a", now=1.0)
+    for call in (
+        lambda: t.renew(["a"], now=now),
+        lambda: t.transfer_done("a", now=now),
+        lambda: t.abort("a", now=now),
+        lambda: t.expire(now=now),
+    ):
+        with pytest.raises(LocalProtocolError, match="finite"):
+            call()
+    assert t.deadline("a") == 31.0 and t.lease_info("a")["done"] == 0  # type: ignore[index]
+    assert [r.req_id for r in t.expire(now=31.0)] == ["a"]
+
+
+@pytest.mark.parametrize("now", BAD_NOW)
+def test_tracker_refuses_a_non_finite_now(now: float) -> None:
+    d = HeartbeatTracker()
+    with pytest.raises(LocalProtocolError, match="finite"):
+        d.track("a", engine_id="P", now=now)
+    assert len(d) == 0
+    d.track("a", engine_id="P", now=0.0)
+    with pytest.raises(LocalProtocolError, match="finite"):
+        d.due(now=now)
+    assert d.due(now=0.0) == {"P": ["a"]}  # its turn was not taken
+
+
+# -- ttl and consumers --------------------------------------------------------------------
+@pytest.mark.parametrize("ttl", [math.nan, math.inf, 0.0, -1.0, True, "3"])
+def test_bad_ttl_is_local_misuse(ttl: object) -> None:
+    t = LeaseTable()
+    with pytest.raises(LocalProtocolError, match="ttl"):
+        t.grant("a", now=0.0, ttl=ttl)  # type: ignore[arg-type]
+    assert len(t) == 0
+
+
+def test_a_ttl_whose_deadline_overflows_is_refused() -> None:
+    t = LeaseTable()
+    with pytest.raises(LocalProtocolError, match="finite"):
+        t.grant("a", now=1e308, ttl=1e308)
+    assert len(t) == 0
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2"])
+def test_bad_consumers_is_local_misuse(bad: object) -> None:
+    with pytest.raises(LocalProtocolError, match="consumers"):
+        LeaseTable().grant("a", now=0.0, consumers=bad)  # type: ignore[arg-type]
+
+
+# -- durations: derived values must be finite too (C1) ---------------------------------------
+@pytest.mark.parametrize("duration", [1e308, 1.5e308])
+def test_config_refuses_a_duration_that_derives_an_infinite_extension(duration: float) -> None:
+    # `--kv-lease-duration 1e308`: E = 2L/3 overflows to inf
+    with pytest.raises(ValueError, match=r"lease_extension.*C1"):
+        LeaseConfig(kv_lease_duration=duration)
+
+
+def test_config_values_stay_finite_at_the_largest_accepted_duration() -> None:
+    cfg = LeaseConfig(kv_lease_duration=1e9)
+    assert all(math.isfinite(v) for v in cfg.as_dict().values() if isinstance(v, float))
+
+
+# -- ids that cannot go on the wire (C7) ----------------------------------------------------
+BAD_IDS = ["", "a,b", "tab\there", "nl\n", "HB:x", "OK", "LL:y", "x" * 600, 7, None]
+
+
+@pytest.mark.parametrize("rid", BAD_IDS)
+def test_grant_refuses_ids_that_cannot_go_on_the_wire(rid: object) -> None:
+    t = LeaseTable()
+    with pytest.raises(LocalProtocolError, match="request id"):
+        t.grant(rid, now=0.0)  # type: ignore[arg-type]
+    assert len(t) == 0 and t.stats.granted == 0
+
+
+@pytest.mark.parametrize("rid", BAD_IDS)
+def test_track_refuses_remote_ids_that_cannot_go_on_the_wire(rid: object) -> None:
+    d = HeartbeatTracker()
+    if rid is not None:  # None: P's id is the local one
+        with pytest.raises(LocalProtocolError, match="request id"):
+            d.track("local-1", engine_id="P", remote_req_id=rid, now=0.0)  # type: ignore[arg-type]
+    with pytest.raises(LocalProtocolError, match="request id"):
+        d.track(rid, engine_id="P", now=0.0)  # type: ignore[arg-type]
+    assert len(d) == 0 and d.due(now=0.0) == {}
+
+
+def test_a_local_id_that_is_not_sent_need_not_be_wire_safe() -> None:
+    d = HeartbeatTracker()
+    d.track("local,with,commas", engine_id="P", remote_req_id="cmpl-1", now=0.0)
+    assert d.due(now=0.0) == {"P": ["cmpl-1"]}
+
+
+def test_C7_the_longest_allowed_id_fits_every_message() -> None:
+    for size in (64, 128, 515, 527, 4096):
+        cfg = LeaseConfig(max_notification_bytes=size)
+        longest = "x" * cfg.max_id_bytes
+        assert cfg.max_id_bytes == min(wire.MAX_ID_BYTES, size - wire.VERDICT_OVERHEAD)
+        LeaseTable(cfg).grant(longest, now=0.0)
+        HeartbeatTracker(cfg).track(longest, engine_id="P", now=0.0)
+        payloads = [
+            *wire.encode_heartbeat([longest], max_bytes=size),
+            wire.encode_transfer_done(longest, wire.MAX_COUNT),
+            wire.encode_abort(longest),
+            wire.encode_ok(longest),
+            *(wire.encode_nack(longest, r) for r in wire.NACK_REASONS),
+            *(wire.encode_lease_lost(longest, r) for r in wire.LOST_REASONS),
+        ]
+        assert max(map(len, payloads)) <= size
+        assert max(map(len, payloads)) == size or cfg.max_id_bytes == wire.MAX_ID_BYTES
+        with pytest.raises(LocalProtocolError, match="bytes"):
+            LeaseTable(cfg).grant(longest + "x", now=0.0)
+        with pytest.raises(LocalProtocolError, match="bytes"):
+            HeartbeatTracker(cfg).track("a", engine_id="P", remote_req_id=longest + "x", now=0.0)
+
+
+def test_the_tracker_never_fails_inside_due_for_an_id_it_accepted() -> None:
+    cfg = LeaseConfig(max_notification_bytes=64)
+    d = HeartbeatTracker(cfg)
+    d.track("a", engine_id="P", remote_req_id="y" * cfg.max_id_bytes, now=0.0)
+    (ids,) = d.due(now=0.0).values()
+    assert all(len(p) <= 64 for p in wire.encode_heartbeat(ids, max_bytes=64))
