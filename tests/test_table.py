@@ -1,6 +1,5 @@
 """Unit tests of LeaseTable, rule by rule (spec §8.1-8.5). Invariant ids in names."""
 
-
 import pytest
 
 from leaseproto import (
