@@ -14,7 +14,8 @@ pytestmark = pytest.mark.e2e
 
 
 def test_lapsed_leases_are_nacked_and_recomputed() -> None:
-    slow_d = ["--kv-lease-duration", "6", "--heartbeat-interval", "2.5"]
+    # --lease-mismatch warn: D would otherwise refuse this P at first contact
+    slow_d = ["--kv-lease-duration", "6", "--heartbeat-interval", "2.5", "--lease-mismatch", "warn"]
     with Cluster(
         spec(kv_lease_duration=1.5, max_running=1, d_step_time=0.1, extra={"decode": slow_d})
     ) as cluster:

@@ -156,6 +156,14 @@ def register(sub: Any) -> None:
         help="when P's KV is lost (P gone, NACK): recompute locally or fail",
     )
     dec.add_argument(
+        "--lease-mismatch",
+        choices=("refuse", "warn"),
+        default="refuse",
+        help="when a P engine's advertised lease settings cannot work with this "
+        "decoder's heartbeat interval (spec T1/T2, checked at first contact): refuse its "
+        "requests with the reason, or warn and serve them",
+    )
+    dec.add_argument(
         "--follower",
         action="append",
         type=address,
@@ -232,6 +240,7 @@ def _worker(args: argparse.Namespace) -> Any:
         step_time=args.step_time,
         on_kv_loss=args.on_kv_loss,
         followers=list(args.follower),
+        lease_mismatch=args.lease_mismatch,
     )
     if opts.rank == 0:
         from ..workers.decode import DecodeWorker  # noqa: PLC0415

@@ -11,6 +11,7 @@ from typing import Any
 
 from ..adapters.xfer import Transfer
 from ..core import wire
+from ..core.peer import PARAMS_KEY, PeerLease
 from .loop import RankOptions
 
 __all__ = ["DecodeOptions", "Engine", "RankParams", "Req"]
@@ -22,6 +23,9 @@ class DecodeOptions(RankOptions):
     step_time: float = 0.0
     on_kv_loss: str = "recompute"
     followers: list[str] = field(default_factory=list)
+    #: P's advertised lease settings cannot work with ours (T1/T2): "refuse" its
+    #: requests (answered with the reason) or "warn" and serve them
+    lease_mismatch: str = "refuse"
 
     def validate(self) -> None:
         self.check()
@@ -31,6 +35,10 @@ class DecodeOptions(RankOptions):
             raise ValueError(
                 f"rank 0 of a {self.tp}-rank decode engine needs {self.tp - 1} "
                 f"--follower addresses, got {len(self.followers)}"
+            )
+        if self.lease_mismatch not in ("refuse", "warn"):
+            raise ValueError(
+                f"lease_mismatch must be 'refuse' or 'warn', got {self.lease_mismatch!r}"
             )
         if self.max_running < 1:
             raise ValueError("max_running must be >= 1")
@@ -64,6 +72,8 @@ class RankParams:
     block_ids: tuple[int, ...]
     layout: dict[str, Any]
     lease_remaining: float
+    #: the lease settings P advertised (None: P did not advertise ``leaseproto/1``)
+    lease: PeerLease | None = None
 
     @classmethod
     def parse(cls, d: object) -> RankParams:
@@ -89,6 +99,7 @@ class RankParams:
             block_ids=tuple(blocks),
             layout=layout,
             lease_remaining=float(remaining),
+            lease=None if d.get(PARAMS_KEY) is None else PeerLease.parse(d[PARAMS_KEY]),
         )
 
     def as_msg(self) -> dict[str, Any]:

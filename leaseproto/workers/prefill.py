@@ -34,6 +34,7 @@ import zmq
 
 from ..core import wire
 from ..core.events import LateTransfer, Release, ReleaseReason
+from ..core.peer import PARAMS_KEY, advertisement
 from ..core.table import LeaseTable
 from .backend import KVBackend
 from .loop import EngineLoop, RankOptions
@@ -87,6 +88,10 @@ class PrefillWorker(EngineLoop):
         self.malformed = 0
         self._now = -math.inf
         self.metrics.blocks_free.set(self.backend.num_free)
+        #: our lease settings, as durations, in every transfer parameter set (lease policy)
+        self._advertised = (
+            {PARAMS_KEY: advertisement(opts.config)} if opts.policy == "lease" else {}
+        )
 
     def ready_info(self) -> dict[str, Any]:
         return {
@@ -326,6 +331,7 @@ class PrefillWorker(EngineLoop):
                     "layout": self.backend.layout(),
                     "lease_remaining": remaining,
                     "consumers": q.consumers,
+                    **self._advertised,
                 },
             )
 
