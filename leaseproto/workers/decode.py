@@ -127,42 +127,15 @@ class DecodeWorker(DecodeLeases, EngineLoop):
                 raise ValueError(problem)
         except ValueError as exc:
             self._malformed(str(exc))
-            self.server.reply(
-                envelope,
-                {
-                    "op": "decoded",
-                    "req_id": msg.get("req_id"),
-                    "ok": False,
-                    "tokens": [],
-                    "error": str(exc),
-                },
-            )
+            self._refuse(envelope, msg.get("req_id"), str(exc))
             return
         if req.req_id in self.running or any(r.req_id == req.req_id for r in self.waiting):
-            self.server.reply(
-                envelope,
-                {
-                    "op": "decoded",
-                    "req_id": req.req_id,
-                    "ok": False,
-                    "tokens": [],
-                    "error": "duplicate request id",
-                },
-            )
+            self._refuse(envelope, req.req_id, "duplicate request id")
             return
         problem = self._lease_mismatch(req)
         if problem is not None and self.opts.lease_mismatch == "refuse":
             self.counts["failed"] += 1
-            self.server.reply(
-                envelope,
-                {
-                    "op": "decoded",
-                    "req_id": req.req_id,
-                    "ok": False,
-                    "tokens": [],
-                    "error": f"refused P engine {req.engine_id}: {problem}",
-                },
-            )
+            self._refuse(envelope, req.req_id, f"refused P engine {req.engine_id}: {problem}")
             return
         engine = self._engine(req)
         self.waiting.append(req)
@@ -176,6 +149,12 @@ class DecodeWorker(DecodeLeases, EngineLoop):
                 remote_req_id=req.remote_req_id,
                 now=self._clock(),
             )
+
+    def _refuse(self, envelope: list[bytes], req_id: object, error: str) -> None:
+        """Answer a ``decode`` request that will not be served."""
+        self.server.reply(
+            envelope, {"op": "decoded", "req_id": req_id, "ok": False, "tokens": [], "error": error}
+        )
 
     def _lease_mismatch(self, req: Req) -> str | None:
         """Whether P's advertised lease settings can work with our heartbeats
