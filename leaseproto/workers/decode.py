@@ -33,7 +33,6 @@ import zmq
 
 from ..adapters.kv_pool import LayoutError
 from ..core import wire
-from ..core.peer import first_contact
 from ..core.tracker import HeartbeatTracker
 from .backend import KVBackend
 from .decode_follower import Followers
@@ -83,8 +82,7 @@ class DecodeWorker(DecodeLeases, EngineLoop):
             "late_first_heartbeats": 0,
         }
         self._now = -math.inf
-        #: (P engine, its agents) -> why its lease settings do not fit ours, or None
-        self._lease_checked: dict[tuple[str, tuple[str, ...]], str | None] = {}
+        self._lease_checked = {}
 
     def ready_info(self) -> dict[str, Any]:
         return {
@@ -155,35 +153,6 @@ class DecodeWorker(DecodeLeases, EngineLoop):
         self.server.reply(
             envelope, {"op": "decoded", "req_id": req_id, "ok": False, "tokens": [], "error": error}
         )
-
-    def _lease_mismatch(self, req: Req) -> str | None:
-        """Whether P's advertised lease settings can work with our heartbeats
-        (spec §5.3, T1/T2), checked at first contact with each P engine (or
-        restart of one) and logged loudly once."""
-        if self.opts.policy != "lease":
-            return None
-        key = (req.engine_id, tuple(r.agent for r in req.ranks))
-        if key in self._lease_checked:
-            return self._lease_checked[key]
-        problem, warning = first_contact(
-            [r.lease for r in req.ranks], self.config, step_time=self.opts.step_time
-        )
-        self._lease_checked[key] = problem
-        if warning is not None:
-            log.warning("P engine %s: %s", req.engine_id, warning)
-        if problem is not None:
-            action = (
-                "refusing its requests"
-                if self.opts.lease_mismatch == "refuse"
-                else "serving it anyway (--lease-mismatch warn)"
-            )
-            log.error(
-                "lease settings of P engine %s do not fit ours: %s; %s",
-                req.engine_id,
-                problem,
-                action,
-            )
-        return problem
 
     def _engine(self, req: Req) -> Engine:
         """The P engine of ``req``; the first sight of an engine (or of new

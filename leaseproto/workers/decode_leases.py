@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from ..core import wire
 from ..core.config import LeaseConfig
+from ..core.peer import first_contact
 from ..core.tracker import HeartbeatTracker
 from .decode_state import DecodeOptions, Engine, Req
 from .metrics import DecodeMetrics
@@ -39,6 +40,8 @@ class DecodeLeases:
     waiting: Iterable[Req]
     running: dict[str, Req]
     counts: dict[str, int]
+    #: (P engine, its agents) -> why its lease settings do not fit ours, or None
+    _lease_checked: dict[tuple[str, tuple[str, ...]], str | None]
 
     def _clock(self) -> float:
         raise NotImplementedError
@@ -76,6 +79,15 @@ class DecodeLeases:
         if engine is None or engine.lost:
             return
         payloads = wire.encode_heartbeat(ids, max_bytes=self.config.max_notification_bytes)
+        log.debug(
+            "heartbeat to P engine %s (%d rank%s) naming %d req%s: %s",
+            engine_id,
+            len(engine.agents),
+            "" if len(engine.agents) == 1 else "s",
+            len(ids),
+            "" if len(ids) == 1 else "s",
+            ", ".join(ids),
+        )
         self._check_first_heartbeats(ids)
         for agent in engine.agents:  # every P rank holds a shard under its own lease
             for payload in payloads:
@@ -154,3 +166,33 @@ class DecodeLeases:
             reason,
         )
         self._kv_lost(req, f"NACK: lease {reason} before the read")
+
+    # -- first contact --------------------------------------------------------------------
+    def _lease_mismatch(self, req: Req) -> str | None:
+        """Whether P's advertised lease settings can work with our heartbeats
+        (spec §5.3, T1/T2), checked at first contact with each P engine (or
+        restart of one) and logged loudly once."""
+        if self.opts.policy != "lease":
+            return None
+        key = (req.engine_id, tuple(r.agent for r in req.ranks))
+        if key in self._lease_checked:
+            return self._lease_checked[key]
+        problem, warning = first_contact(
+            [r.lease for r in req.ranks], self.config, step_time=self.opts.step_time
+        )
+        self._lease_checked[key] = problem
+        if warning is not None:
+            log.warning("P engine %s: %s", req.engine_id, warning)
+        if problem is not None:
+            action = (
+                "refusing its requests"
+                if self.opts.lease_mismatch == "refuse"
+                else "serving it anyway (--lease-mismatch warn)"
+            )
+            log.error(
+                "lease settings of P engine %s do not fit ours: %s; %s",
+                req.engine_id,
+                problem,
+                action,
+            )
+        return problem

@@ -12,6 +12,7 @@ exposed.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict
 from typing import Any
 
@@ -54,6 +55,9 @@ class WorkerMetrics:
                 "(--metrics-port 0 picks a free port, -1 disables metrics)"
             ) from exc
         self.port = int(server.server_port)
+        logging.getLogger(f"leaseproto.{self.role}").info(
+            "metrics on http://%s:%d/metrics", host, self.port
+        )
         return self.port
 
 

@@ -27,6 +27,7 @@ import math
 import secrets
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -172,6 +173,26 @@ class PrefillWorker(EngineLoop):
             self.nacks_sent += 1
             self.metrics.nacks.inc()
 
+    def _log_renewals(self, ids: Sequence[str], sender: str, now: float) -> None:
+        """One DEBUG line per id a heartbeat named: renewed until when, or why not."""
+        for rid in ids:
+            deadline = self.table.deadline(rid)
+            if deadline is not None:
+                log.debug(
+                    "renewed req %s: lease ends in %.2f s (heartbeat from %s)",
+                    rid,
+                    deadline - now,
+                    sender,
+                )
+            else:
+                ended = self.table.ended(rid)
+                log.debug(
+                    "heartbeat from %s names req %s: not renewed (%s)",
+                    sender,
+                    rid,
+                    "no lease known" if ended is None else f"lease already {ended.value}",
+                )
+
     # -- lease step -----------------------------------------------------------------------
     def _notification(self, sender: str, payload: bytes) -> None:
         try:
@@ -189,6 +210,8 @@ class PrefillWorker(EngineLoop):
             if self.opts.policy == "lease":
                 lost: list[str] = []
                 self.table.renew(msg.ids, now=now, lost=lost)
+                if log.isEnabledFor(logging.DEBUG):
+                    self._log_renewals(msg.ids, sender, now)
                 for rid in lost:  # spec §8.2: D has not read these yet; tell it now
                     self._nack_lost(rid, sender)
         elif isinstance(msg, wire.TransferDone):

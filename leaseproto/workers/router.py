@@ -216,7 +216,10 @@ class Router(EngineLoop):
     def _from_prefill(self, index: int, msg: Msg, now: float) -> None:
         op = msg["op"]
         if op == "pong":
+            known = index in self.info
             self.info[index] = msg
+            if known:
+                return
             log.info(
                 "prefill rank %d ready: engine %s, tp %s",
                 index,
@@ -272,8 +275,10 @@ class Router(EngineLoop):
     def _from_decode(self, msg: Msg, now: float) -> None:
         op = msg["op"]
         if op == "pong":
+            known = -1 in self.info
             self.info[-1] = msg
-            log.info("decode engine ready: tp %s", msg.get("tp"))
+            if not known:
+                log.info("decode engine ready: tp %s", msg.get("tp"))
             return
         p = self.pending.get(str(msg.get("req_id")))
         if p is None or p.stage != "decode":
