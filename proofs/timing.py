@@ -45,9 +45,10 @@ I6   (every system) ``GRANTED => tau < max(tg + L/(1-rho), th + E/(1-rho)) + S_P
      extension counts from that step.)
 I7   (system ``timing-cap``) ``GRANTED => tau < tg + max(L, C)/(1-rho) + S_P``.
 I9   (theorem ``gate drift``) a read the gate admits at local ``now`` happens
-     before the peer's deadline on the peer's clock provided
-     ``(2rho/(1-rho)) * (now - t0) <= margin``, ``t0`` the local send time of the
-     kept handshake sample: the offset drifts, and the margin must absorb it.
+     at least ``margin`` before the peer's deadline on the peer's clock: the
+     gate widens the kept sample's uncertainty by ``(2rho/(1-rho)) * (now - t0)``
+     (``rules.aged_uncertainty``, ``t0`` the local send time of the sample), so
+     the margin need not absorb the drift.
 I11  (every system) in real time: while D steps, a tracked engine's last
      heartbeat is always less than ``H' + S_D`` old, so consecutive heartbeats
      are less than ``H' + S_D`` apart; and (lemma L6) D's first heartbeat naming
@@ -336,7 +337,7 @@ def systems() -> list[tuple[Any, list[Invariant]]]:
 
 
 def theorems() -> list[Theorem]:
-    """I9 with drift: the gate stays sound while drift since the sample fits the margin."""
+    """I9 with drift: the gate, which ages the sample's uncertainty, stays sound."""
     rho, t0, t1, peer_t, now, d, margin = z3.Reals("rho t0 t1 T now remote_deadline margin")
     tau_b, tau, cl_b, cq = z3.Reals("tau_b tau local_at_b peer_at_read")
     # local clock reads cl_b at real tau_b (when the peer read T) and now at real tau
@@ -351,8 +352,7 @@ def theorems() -> list[Theorem]:
         t1 <= now,
         drift(cl_b, now, tau - tau_b, rho),
         drift(peer_t, cq, tau - tau_b, rho),
-        R.read_allowed(d, now, offset, unc, margin),
-        2 * rho / (1 - rho) * (now - t0) <= margin,
+        R.read_allowed(d, now, offset, R.aged_uncertainty(unc, now - t0, rho), margin),
     )
     show = {
         "rho": rho,
@@ -370,10 +370,10 @@ def theorems() -> list[Theorem]:
             "I9",
             "gate",
             "gate drift",
-            "read_allowed and (2 rho/(1-rho)) (now - t0) <= margin => the peer's "
-            "clock at the read is before its deadline",
+            "read_allowed with the uncertainty aged by (2 rho/(1-rho)) (now - t0) => "
+            "the peer's clock at the read is at least margin before its deadline",
             hyps,
-            cq < d,
+            cq + margin < d,
             show,
         )
     ]

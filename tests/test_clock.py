@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from leaseproto import ClockOffset
+from leaseproto import ClockOffset, LocalProtocolError
 
 
 def test_keeps_lowest_rtt_sample() -> None:
@@ -38,6 +38,69 @@ def test_no_sample_means_no_read_and_errors_on_offset() -> None:
 )
 def test_bad_samples_rejected(t0: float, rt: float, t1: float) -> None:
     c = ClockOffset()
-    with pytest.raises(ValueError):
+    with pytest.raises(LocalProtocolError):
         c.add_sample(t0=t0, remote_time=rt, t1=t1)
     assert c.samples == 0 and not c.has_sample
+
+
+# -- samples age (issue 9 §4): the drift allowance 2 rho/(1 - rho) * age ----------------------
+def test_an_old_sample_does_not_admit_a_read_past_the_peers_deadline_I9() -> None:
+    # The peer's clock runs 100 ppm fast against ours (each within rho = 100 ppm of
+    # real time is 2 rho relative; 1 rho is enough here). The sample at t = 0 says
+    # offset 0 +- 0.05; 1e5 s later the true offset is 10 s.
+    c = ClockOffset(rho=1e-4)
+    c.add_sample(t0=0.0, remote_time=0.05, t1=0.1)
+    now = 1e5
+    peer_now = now * (1 + 1e-4)  # the peer's clock reads now + 10
+    deadline = peer_now - 9.9  # passed 9.9 s ago on the peer's clock
+    # main admitted it: now + 0 + 0.05 < deadline - 0 = now + 0.1
+    assert not c.read_allowed(deadline, now=now, margin=0.0)
+    assert c.uncertainty_at(now) == pytest.approx(0.05 + 2e-4 / (1 - 1e-4) * 1e5)
+    # a deadline far enough ahead on the peer's clock is still readable
+    assert c.read_allowed(peer_now + 25.0, now=now, margin=0.0)
+
+
+def test_a_newer_sample_replaces_an_aged_one_with_more_uncertainty() -> None:
+    c = ClockOffset(rho=1e-4)
+    assert c.add_sample(t0=0.0, remote_time=0.05, t1=0.1)  # +- 0.05
+    # 1e4 s later the kept one is +- 0.05 + 2.0; a fresh +- 0.25 sample is better
+    assert c.add_sample(t0=1e4, remote_time=1e4 + 1.25, t1=1e4 + 0.5)
+    assert c.offset == pytest.approx(1.0) and c.uncertainty == pytest.approx(0.25)
+    # a fresh sample worse than the kept one's aged uncertainty is not kept
+    assert not c.add_sample(t0=1e4 + 1, remote_time=0.0, t1=1e4 + 11)  # +- 5 > 0.25 + 2e-4
+    assert c.offset == pytest.approx(1.0)
+
+
+def test_an_old_sample_arriving_late_is_aged_before_it_is_compared() -> None:
+    c = ClockOffset(rho=1e-4)
+    c.add_sample(t0=1e4, remote_time=1e4, t1=1e4 + 0.5)  # +- 0.25 at 1e4
+    # a +- 0.05 sample taken at 0 is +- 2.05 at 1e4: worse
+    assert not c.add_sample(t0=0.0, remote_time=0.05, t1=0.1)
+    assert c.uncertainty == pytest.approx(0.25)
+
+
+def test_without_drift_the_lowest_round_trip_wins_as_before() -> None:
+    c = ClockOffset(rho=0.0)
+    c.add_sample(t0=0.0, remote_time=0.05, t1=0.1)
+    assert not c.add_sample(t0=1e6, remote_time=1e6, t1=1e6 + 0.2)
+    assert c.uncertainty_at(1e9) == pytest.approx(0.05)
+
+
+@pytest.mark.parametrize("rho", [-1e-4, 1.0, math.nan, True])
+def test_bad_drift_bound_refused(rho: object) -> None:
+    with pytest.raises(LocalProtocolError, match="rho"):
+        ClockOffset(rho=rho)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_non_finite_now_deadline_or_margin_is_local_misuse(bad: float) -> None:
+    c = ClockOffset()
+    c.add_sample(t0=0.0, remote_time=0.0, t1=0.1)
+    for call in (
+        lambda: c.read_allowed(10.0, now=bad),
+        lambda: c.read_allowed(bad, now=1.0),
+        lambda: c.read_allowed(10.0, now=1.0, margin=bad),
+        lambda: c.uncertainty_at(bad),
+    ):
+        with pytest.raises(LocalProtocolError, match="finite"):
+            call()

@@ -213,6 +213,11 @@ MUTATIONS: dict[str, tuple[Any, str, str]] = {
         "I9",
         "I9 admitted read is before the peer's deadline",
     ),
+    "read gate does not age the sample": (
+        lambda mp: mp.setattr(rules, "aged_uncertainty", lambda unc, age, rho: unc),
+        "I9",
+        "I9 gate drift",
+    ),
 }
 
 

@@ -302,26 +302,39 @@ sample = st.tuples(quarter, st.integers(-400, 400).map(lambda k: k / 4), quarter
     now=quarter,
     deadline=st.integers(-400, 400).map(lambda k: k / 4),
     margin=quarter,
+    rho=st.sampled_from([0.0, 0.5]),  # 2 rho / (1 - rho) exact in binary: 0 and 2
 )
 def test_clock_offset_refines_the_gate_model(
-    samples: list[tuple[float, float, float]], now: float, deadline: float, margin: float
+    samples: list[tuple[float, float, float]],
+    now: float,
+    deadline: float,
+    margin: float,
+    rho: float,
 ) -> None:
-    clock = ClockOffset()
-    best: tuple[Any, Any] | None = None
-    best_rtt = None
+    clock = ClockOffset(rho=rho)
+    real = z3.RealSort()
+    z_rho = to_z3(rho, real)
+    best: tuple[Any, Any, Any] | None = None  # (offset, uncertainty, t0) of the kept sample
     for t0, remote, rtt in samples:
         clock.add_sample(t0=t0, remote_time=remote, t1=t0 + rtt)
-        if best_rtt is None or rtt < best_rtt:
-            best_rtt = rtt
-            best = model.sample_offset(
-                to_z3(t0, z3.RealSort()),
-                to_z3(remote, z3.RealSort()),
-                to_z3(t0 + rtt, z3.RealSort()),
-            )
+        off, unc = model.sample_offset(to_z3(t0, real), to_z3(remote, real), to_z3(t0 + rtt, real))
+        if best is not None:
+            # compare both aged to the later t0 (the rule, on exact rationals)
+            later = max(from_z3(best[2]), Fraction(t0))
+            aged_new = R.aged_uncertainty(unc, to_z3(later - Fraction(t0), real), z_rho)
+            aged_kept = R.aged_uncertainty(best[1], to_z3(later - from_z3(best[2]), real), z_rho)
+            if not from_z3(z3.simplify(aged_new < aged_kept)):
+                continue
+        best = (off, unc, to_z3(t0, real))
     assert best is not None
-    offset, unc = (from_z3(x) for x in best)
+    offset, unc, at = (from_z3(x) for x in best)
     assert Fraction(clock.offset) == offset and Fraction(clock.uncertainty) == unc
+    assert Fraction(clock.sampled_at) == at
+    aged = R.aged_uncertainty(to_z3(unc, real), to_z3(abs(Fraction(now) - at), real), z_rho)
+    assert from_z3(z3.simplify(aged)) == Fraction(clock.uncertainty_at(now))
     gate = R.read_allowed(
-        *(to_z3(v, z3.RealSort()) for v in (deadline, now, clock.offset, clock.uncertainty, margin))
+        *(to_z3(v, real) for v in (deadline, now, clock.offset)),
+        aged,
+        to_z3(margin, real),
     )
     assert from_z3(gate) == clock.read_allowed(deadline, now=now, margin=margin)

@@ -24,6 +24,7 @@ __all__ = [
     "GRANTED",
     "TRANSFERRED",
     "abort_state",
+    "aged_uncertainty",
     "expire_due",
     "expire_state",
     "grant_deadline",
@@ -155,3 +156,11 @@ def read_allowed(remote_deadline: N, now: N, offset: N, uncertainty: N, margin: 
     """Reading blocks whose deadline is on the peer's clock is allowed only when
     ``now + margin + uncertainty < remote_deadline - offset``."""
     return now + margin + uncertainty < remote_deadline - offset
+
+
+def aged_uncertainty(uncertainty: N, age: N, rho: N) -> N:
+    """I9 under drift (A5): a sample's bound on the offset widens as it ages.
+    Each clock runs within ``rho`` of real time, so ``age`` seconds on our
+    clock since the sample (at most ``age / (1 - rho)`` real seconds) move the
+    offset by at most ``2 rho / (1 - rho) * age`` (about ``2 rho * age``)."""
+    return uncertainty + 2 * rho / (1 - rho) * age
