@@ -5,6 +5,7 @@ notifications injected into a live P, and the metrics endpoints."""
 
 from __future__ import annotations
 
+import re
 import secrets
 import time
 import urllib.request
@@ -132,7 +133,9 @@ def _scrape(port: int) -> dict[str, float]:
     for line in text.splitlines():
         if line and not line.startswith("#"):
             name, _, value = line.rpartition(" ")
-            out[name] = float(value)
+            # every series carries engine_id and rank; key by the other labels
+            name = re.sub(r'(engine_id|rank)="[^"]*",?', "", name).replace(",}", "}")
+            out[name.replace("{}", "")] = float(value)
     return out
 
 

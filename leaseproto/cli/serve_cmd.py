@@ -137,6 +137,11 @@ def register(sub: Any) -> None:
     dec = roles.add_parser("decode", help="a decode rank: queue, heartbeat, read KV, decode")
     _common(dec)
     dec.add_argument(
+        "--engine-id",
+        default="decode-engine",
+        help="id shared by every rank of this decode engine (a label of its metrics)",
+    )
+    dec.add_argument(
         "--max-running",
         type=int,
         default=4,
@@ -241,6 +246,7 @@ def _worker(args: argparse.Namespace) -> Any:
         on_kv_loss=args.on_kv_loss,
         followers=list(args.follower),
         lease_mismatch=args.lease_mismatch,
+        engine_id=args.engine_id,
     )
     if opts.rank == 0:
         from ..workers.decode import DecodeWorker  # noqa: PLC0415

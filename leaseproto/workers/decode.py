@@ -63,7 +63,9 @@ class DecodeWorker(DecodeLeases, EngineLoop):
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self.server = Server(self.ctx, opts.host, opts.port)
         self.followers = Followers(self.ctx, opts.followers)
-        self.metrics = DecodeMetrics()
+        self.metrics = DecodeMetrics(
+            opts.engine_id, opts.rank, tracker_stats=lambda: self.tracker.stats
+        )
         if opts.metrics_port is not None:
             self.metrics.serve(opts.host, opts.metrics_port)
         self.waiting: deque[Req] = deque()
@@ -225,6 +227,7 @@ class DecodeWorker(DecodeLeases, EngineLoop):
 
     def _start_reads(self, req: Req) -> None:
         req.state = "reading"
+        req.read_started = self._clock()
         # vLLM's n: how many D ranks notify each P rank (its completion threshold)
         notif = wire.encode_transfer_done(
             req.remote_req_id, max(1, self.opts.tp // max(1, len(req.ranks)))
@@ -260,6 +263,7 @@ class DecodeWorker(DecodeLeases, EngineLoop):
                 req.transfers.clear()
                 self.tracker.untrack(req.req_id)  # transfer done: stop heartbeating
                 self.metrics.transfers.labels(outcome="done").inc()
+                self.metrics.transfer_time.observe(self._clock() - req.read_started)
                 req.start_token = req.first_token
                 req.kv_in = True
                 req.state = "decoding"

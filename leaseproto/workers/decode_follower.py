@@ -103,7 +103,7 @@ class DecodeFollower(EngineLoop):
         self.backend = KVBackend(opts, agent_name=f"decode-r{opts.rank}-{secrets.token_hex(3)}")
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self.server = Server(self.ctx, opts.host, opts.port)
-        self.metrics = DecodeMetrics()
+        self.metrics = DecodeMetrics(opts.engine_id, opts.rank)
         if opts.metrics_port is not None:
             self.metrics.serve(opts.host, opts.metrics_port)
         self.reads: dict[str, _Read] = {}

@@ -72,7 +72,6 @@ class DecodeLeases:
                 self._heartbeat(engine_id, ids)
         for sender, payload in self.backend.poll():
             self._notification(sender, payload)
-        self.metrics.sync(self.tracker.stats)
 
     def _heartbeat(self, engine_id: str, ids: list[str]) -> None:
         engine = self.engines.get(engine_id)

@@ -22,6 +22,8 @@ class DecodeOptions(RankOptions):
     max_running: int = 4
     step_time: float = 0.0
     on_kv_loss: str = "recompute"
+    #: this decode engine's id (a label of its metrics)
+    engine_id: str = "decode-engine"
     followers: list[str] = field(default_factory=list)
     #: P's advertised lease settings cannot work with ours (T1/T2): "refuse" its
     #: requests (answered with the reason) or "warn" and serve them
@@ -153,6 +155,8 @@ class Req:
     tokens: list[int] = field(default_factory=list)
     steps_left: int = 0
     first_heartbeat_sent: bool = False
+    #: when its KV reads started (D's clock)
+    read_started: float = 0.0
 
     def first_heartbeat(self, now: float) -> float | None:
         """Note the first heartbeat for this request; how long after the

@@ -78,7 +78,9 @@ class PrefillWorker(EngineLoop):
         self.backend = KVBackend(opts, agent_name=self.agent_name)
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self.server = Server(self.ctx, opts.host, opts.port)
-        self.metrics = PrefillMetrics()
+        self.metrics = PrefillMetrics(
+            opts.engine_id, opts.rank, table_stats=lambda: self.table.stats
+        )
         if opts.metrics_port is not None:
             self.metrics.serve(opts.host, opts.metrics_port)
         self.blocks: dict[str, list[int]] = {}  # req id -> blocks held under its lease
@@ -236,7 +238,6 @@ class PrefillWorker(EngineLoop):
             self._release(rel)
         for peer, reason in self.backend.take_lost_peers():
             log.info("NIXL peer %s lost (%s)", peer, reason)
-        self.metrics.sync(self.table.stats)
         self.metrics.blocks_held.set(sum(len(b) for b in self.blocks.values()))
         self.metrics.blocks_free.set(self.backend.num_free)
 
