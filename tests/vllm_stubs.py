@@ -4,6 +4,8 @@ so a test can drive both through the same calls. Needs vLLM."""
 
 from __future__ import annotations
 
+import queue
+from collections import defaultdict
 from concurrent.futures import Future
 from types import SimpleNamespace
 from typing import Any
@@ -57,7 +59,7 @@ def make_worker(
     w._reqs_to_send = {}
     w._lease_extension = kv_lease_duration * 2 // 3
     w._reqs_to_process = set()
-    w.consumer_notification_counts_by_req = {}
+    w.consumer_notification_counts_by_req = defaultdict(int)
     w.expected_consumer_notifications_by_req = {}
     w.xfer_stats = LeaseprotoKVConnectorStats() if ours else NixlKVConnectorStats()
     w.nixl_wrapper = RecordingNixl()
@@ -65,6 +67,11 @@ def make_worker(
     w._remote_agents = dict(agents or {})
     w._engine_last_active = {}
     w._hb_handshake_notif_only = False
+    # what vLLM's start_load_kv touches when it has nothing to read
+    w._ready_requests = queue.Queue()
+    w.pcp_rank = 0
+    w.pcp_dcp_sharded = False
+    w._recving_metadata = {}
     w._pending = set()  # engines whose handshake is still pending
 
     def ensure(engine_id: str, *args: Any) -> Future[Any] | None:
