@@ -234,3 +234,86 @@ def test_p_advertises_leaseproto(clock: dict[str, float]) -> None:
         "lease": {"kv_lease_duration": 12.0, "heartbeat_interval": 2.0, "lease_extension": 8.0},
     }
     assert s._reqs_need_send["p1"] == 1012.0
+
+
+def _pair(clock: dict[str, float]) -> tuple[Any, Any]:
+    """A P worker holding lease p1 and a D worker reading it; D advertised itself."""
+    p = make_worker(True)
+    d = make_worker(True, agents={"P0": {(0, 0): "p-agent"}})
+    d._lp_set("_lp_advertised").add("d1")
+    p._reqs_to_process.add("p1")
+    p._reqs_to_send["p1"] = clock["t"] + 12
+    d._hello("P0")
+    ((agent, hello),) = d.nixl_wrapper.sent
+    assert agent == "p-agent"
+    p.nixl_wrapper.deliver("d-agent", hello)
+    assert p._get_new_notifs() == set()
+    assert p.nixl_wrapper.added == [d.nixl_wrapper.get_agent_metadata()]
+    d._verifier().expect("d1", "p1")
+    d._recving_transfers = {"d1": [7]}
+    return p, d
+
+
+def _carry(src: Any, dst: Any, agent: str) -> None:
+    for _, msg in src.nixl_wrapper.sent:
+        dst.nixl_wrapper.deliver(agent, msg)
+    src.nixl_wrapper.sent.clear()
+
+
+def test_verified_read_reported_after_ok(clock: dict[str, float]) -> None:
+    p, d = _pair(clock)
+    d.nixl_wrapper.sent.clear()
+    assert d._pop_done_transfers(d._recving_transfers) == (set(), set())  # held
+    p.nixl_wrapper.deliver("d-agent", b"p1:1")
+    assert p._get_new_notifs() == {"p1"}
+    assert p.nixl_wrapper.sent == [("d-agent", b"OK:p1")]
+    _carry(p, d, "p-agent")
+    assert d._get_new_notifs() == set()
+    assert d._pop_done_transfers({}) == ({"d1"}, set())
+    assert worker_stat(d, "lp_reads_verified") == 1
+
+
+def test_read_of_an_expired_lease_fails_and_recomputes(clock: dict[str, float]) -> None:
+    p, d = _pair(clock)
+    d.nixl_wrapper.sent.clear()
+    clock["t"] += 13.0
+    assert reap(p) == {"p1"}  # expired; D read the freed blocks
+    assert d._pop_done_transfers(d._recving_transfers) == (set(), set())
+    p.nixl_wrapper.deliver("d-agent", b"HB:p1", b"p1:1")
+    p._get_new_notifs()
+    assert p.nixl_wrapper.sent == [("d-agent", b"LL:expired:p1"), ("d-agent", b"NK:expired:p1")]
+    _carry(p, d, "p-agent")
+    d._get_new_notifs()
+    assert d._pop_done_transfers({}) == ({"d1"}, {"d1"})  # failed: kv_load_failure_policy
+    assert worker_stat(d, "lp_reads_refused") == 1
+
+
+@pytest.mark.parametrize("advertised", [False, True], ids=["stock P", "leaseproto P"])
+def test_hello_and_verification_only_toward_an_advertised_p(
+    clock: dict[str, float], monkeypatch: pytest.MonkeyPatch, advertised: bool
+) -> None:
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker import (
+        NixlPullConnectorWorker,
+    )
+
+    issued: list[str] = []
+    monkeypatch.setattr(
+        NixlPullConnectorWorker, "_read_blocks_for_req", lambda self, rid, meta: issued.append(rid)
+    )
+    d = make_worker(True, agents={"P0": {(0, 0): "p-agent"}})
+    if advertised:
+        d._lp_set("_lp_advertised").add("d1")
+    meta = SimpleNamespace(
+        remote=SimpleNamespace(engine_id="P0", request_id="p1"), local_block_ids=([1],)
+    )
+    d._read_blocks_for_req("d1", meta)
+    d._read_blocks_for_req("d1", meta)
+    assert issued == ["d1", "d1"]
+    d._recving_transfers = {"d1": [7]}
+    done = d._pop_done_transfers(d._recving_transfers)
+    if advertised:  # greeted once, then the READ is held for P's verdict
+        assert [m[:13] for _, m in d.nixl_wrapper.sent] == [b"leaseproto/1,"]
+        assert done == (set(), set())
+    else:  # a stock P never receives bytes of ours; the READ is used unverified
+        assert d.nixl_wrapper.sent == []
+        assert done == ({"d1"}, set())

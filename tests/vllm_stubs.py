@@ -38,6 +38,22 @@ class RecordingNixl:
         out, self.inbox = self.inbox, {}
         return out
 
+    def get_agent_metadata(self) -> bytes:
+        return b"\x00agent-metadata\xff"
+
+    def add_remote_agent(self, metadata: bytes) -> str:
+        self.added = [*getattr(self, "added", []), bytes(metadata)]
+        return "d-agent"
+
+    def check_xfer_state(self, handle: int) -> str:
+        return "DONE"
+
+    def get_xfer_telemetry(self, handle: int) -> None:
+        return None
+
+    def release_xfer_handle(self, handle: int) -> None:
+        pass
+
     def deliver(self, agent: str, *msgs: bytes) -> None:
         self.inbox.setdefault(agent, []).extend(msgs)
 

@@ -14,11 +14,9 @@ deleting one aborts it. Nothing else holds deadlines.
 
 from __future__ import annotations
 
-import inspect
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
-from typing import Any, cast
 
 from leaseproto import LateTransfer, LeaseConfig, LeaseTable, Release, TransferCounted
 
@@ -27,8 +25,6 @@ __all__ = ["LeaseView", "WorkerLeases"]
 #: Smallest lease a grant may carry: an already-due deadline is granted with it
 #: and reaped at the next reap (the table refuses a zero ttl).
 _EPSILON = 1e-9
-#: Whether the core counts readers from the wire (``transfer_done(..., readers=n)``).
-_CORE_READERS = "readers" in inspect.signature(LeaseTable.transfer_done).parameters
 
 
 def _perf_counter() -> float:
@@ -47,8 +43,6 @@ class WorkerLeases:
         # ids granted with a deadline already passed: the next reap frees them
         self._due: set[str] = set()
         self.settled: list[Release] = []
-        # transfer-dones counted per live lease, only while the core lacks ``readers``
-        self._counts: dict[str, int] = {}
 
     def now(self) -> float:
         """The worker clock, never earlier than the last ``now`` handed to the table."""
@@ -92,30 +86,13 @@ class WorkerLeases:
         self, req_id: str, readers: int
     ) -> Release | TransferCounted | LateTransfer | None:
         """One transfer-done carrying vLLM's ``n`` (``readers``): the lease ends
-        after ``readers`` of them."""
-        now = self.now()
-        if _CORE_READERS:
-            out: Release | TransferCounted | LateTransfer | None = cast(
-                Any, self.table
-            ).transfer_done(req_id, now=now, readers=readers)
-            return out
-        if req_id in self.table:
-            done = self._counts.get(req_id, 0) + 1
-            if done < readers:
-                self._counts[req_id] = done
-                return None
-        self._counts.pop(req_id, None)
-        return self.table.transfer_done(req_id, now=now)
+        after ``readers`` of them (the core counts them)."""
+        return self.table.transfer_done(req_id, now=self.now(), readers=readers)
 
     def readers_done(self, req_id: str) -> int:
         """Transfer-dones counted so far for a live lease."""
-        if _CORE_READERS:
-            info = self.table.lease_info(req_id)
-            return 0 if info is None else int(info["done"] or 0)
-        return self._counts.get(req_id, 0)
-
-    def forget(self, req_id: str) -> None:
-        self._counts.pop(req_id, None)
+        info = self.table.lease_info(req_id)
+        return 0 if info is None else int(info["done"] or 0)
 
     def reset(self, deadlines: Mapping[str, float]) -> None:
         """Replace every lease by ``deadlines`` (id -> absolute deadline), keeping
@@ -123,7 +100,6 @@ class WorkerLeases:
         self.table = LeaseTable(self.config)
         self._due.clear()
         self.settled = []
-        self._counts.clear()
         base = min([self._clock(), *(d - 1.0 for d in deadlines.values())])
         self._last = base
         for rid, d in deadlines.items():

@@ -24,18 +24,20 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_scheduler import (
     NixlPullConnectorScheduler,
 )
 
-from leaseproto import HeartbeatTracker, LeaseConfig
+from leaseproto import HeartbeatTracker, LeaseConfig, wire
 
 from .config import lease_config_from_extra_config
 
-__all__ = ["CAPABILITY", "PARAMS_KEY", "LeaseprotoConnectorScheduler"]
+__all__ = ["CAPABILITY", "PARAMS_KEY", "VERIFY_ATTR", "LeaseprotoConnectorScheduler"]
 
 logger = logging.getLogger("vllm.leaseproto.scheduler")
 
 #: Our capability token (verdicts, LL, AB).
-CAPABILITY = "leaseproto/1"
+CAPABILITY = wire.CAPABILITY
 #: The ``kv_transfer_params`` key P advertises it under.
 PARAMS_KEY = "leaseproto"
+#: Metadata attribute: D's requests to read whose P advertised (their reads are verified).
+VERIFY_ATTR = "leaseproto_verify"
 
 
 @dataclass(frozen=True)
@@ -160,11 +162,17 @@ class LeaseprotoConnectorScheduler(NixlPullConnectorScheduler):  # type: ignore[
             lp.addr.pop(engine, None)
 
     def build_connector_meta(self, scheduler_output: Any) -> Any:
+        advertised = {
+            rid
+            for rid, entry in self._reqs_need_recv.items()
+            if PARAMS_KEY in (entry[0].kv_transfer_params or {})
+        }
         self._lp_quiet = True
         try:
             meta = super().build_connector_meta(scheduler_output)
         finally:
             self._lp_quiet = False
+        setattr(meta, VERIFY_ATTR, advertised)
         lp = self._tracking()
         if lp.tracker.engines():
             now = lp.now()

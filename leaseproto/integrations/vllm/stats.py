@@ -53,6 +53,27 @@ COUNTERS: dict[str, tuple[str, str]] = {
         "vllm:leaseproto_heartbeat_send_failures",
         "Heartbeat notifications NIXL failed to send.",
     ),
+    "lp_verdicts_sent": (
+        "vllm:leaseproto_verdicts_sent",
+        "OK/NK verdicts P sent to decode agents that understand them.",
+    ),
+    "lp_ll_sent": (
+        "vllm:leaseproto_lease_lost_sent",
+        "Advisory lease-lost answers P sent to heartbeats naming lost leases.",
+    ),
+    "lp_verdict_send_failures": (
+        "vllm:leaseproto_verdict_send_failures",
+        "Verdicts NIXL failed to send.",
+    ),
+    "lp_reads_verified": ("vllm:leaseproto_reads_verified", "READs D reported after P's OK."),
+    "lp_reads_refused": (
+        "vllm:leaseproto_reads_refused",
+        "READs D failed on P's NK (recomputed by kv_load_failure_policy).",
+    ),
+    "lp_reads_verdict_timeout": (
+        "vllm:leaseproto_reads_verdict_timeout",
+        "READs D failed for want of a verdict within the bound.",
+    ),
 }
 
 

@@ -32,7 +32,9 @@ from leaseproto import LateTransfer, LeaseConfig, Release, ReleaseReason, wire
 
 from .config import lease_config_from_extra_config
 from .leases import LeaseView, WorkerLeases
+from .scheduler import VERIFY_ATTR
 from .stats import LeaseprotoKVConnectorStats
+from .verify import ReadVerifier, decode_hello, encode_hello
 
 __all__ = ["LeaseprotoConnectorWorker"]
 
@@ -61,6 +63,16 @@ class LeaseprotoConnectorWorker(NixlPullConnectorWorker):  # type: ignore[misc]
         if lp is None:
             lp = self.__dict__["_lp"] = WorkerLeases(_config_of(self))
         return lp
+
+    def _verifier(self) -> ReadVerifier:
+        v: ReadVerifier | None = self.__dict__.get("_lp_verifier")
+        if v is None:
+            v = self.__dict__["_lp_verifier"] = ReadVerifier(self._leases().config.lease_extension)
+        return v
+
+    def _lp_set(self, name: str) -> set[str]:
+        out: set[str] = self.__dict__.setdefault(name, set())
+        return out
 
     def _deferred(self) -> dict[str, HeartbeatInfo]:
         out: dict[str, HeartbeatInfo] = self.__dict__.setdefault("_lp_deferred", {})
@@ -98,6 +110,10 @@ class LeaseprotoConnectorWorker(NixlPullConnectorWorker):  # type: ignore[misc]
         return done
 
     def _on_notification(self, agent: str, raw: bytes, done: set[str]) -> None:
+        hello = decode_hello(raw)
+        if hello is not None:
+            self._on_hello(agent, hello)
+            return
         try:
             msg = wire.decode(raw)
         except wire.MalformedMessage as exc:
@@ -105,9 +121,11 @@ class LeaseprotoConnectorWorker(NixlPullConnectorWorker):  # type: ignore[misc]
             logger.warning("Dropped a malformed notification from %s: %s", agent, exc)
             return
         if isinstance(msg, wire.Heartbeat):
-            self._renew(msg.ids)
+            self._renew(msg.ids, agent)
         elif isinstance(msg, wire.TransferDone):
-            self._transfer_done(msg.req_id, msg.count, done)
+            self._transfer_done(msg.req_id, msg.count, done, agent)
+        elif isinstance(msg, (wire.Ok, wire.Nack, wire.LeaseLost)):
+            self._verifier().on_message(msg)
         elif isinstance(msg, wire.Abort):
             release = self._leases().table.abort(msg.req_id, now=self._leases().now())
             if release is not None:
@@ -127,17 +145,23 @@ class LeaseprotoConnectorWorker(NixlPullConnectorWorker):  # type: ignore[misc]
         assert isinstance(msg, wire.Heartbeat)
         self._renew(msg.ids)
 
-    def _renew(self, ids: tuple[str, ...]) -> None:
+    def _renew(self, ids: tuple[str, ...], agent: str | None = None) -> None:
         lp = self._leases()
         before = lp.table.stats
         lost: list[str] = []
-        renewed = lp.table.renew(ids, now=lp.now(), lost=lost)
+        now = lp.now()
+        renewed = lp.table.renew(ids, now=now, lost=lost)
+        if agent is not None and agent in self._lp_set("_lp_capable"):
+            for rid in lost:  # advisory: D may give up early; a verdict still decides
+                self._answer(agent, wire.lease_lost(rid, lp.table.lost_reason(rid, now=now)))
         after = lp.table.stats
         self._stat("lp_leases_renewed", renewed)
         self._stat("lp_heartbeat_ids_unknown", after.renew_unknown - before.renew_unknown)
         self._stat("lp_heartbeat_ids_late", len(lost))
 
-    def _transfer_done(self, req_id: str, readers: int, done: set[str]) -> None:
+    def _transfer_done(
+        self, req_id: str, readers: int, done: set[str], agent: str | None = None
+    ) -> None:
         lp = self._leases()
         table = lp.table
         known = (
@@ -145,11 +169,15 @@ class LeaseprotoConnectorWorker(NixlPullConnectorWorker):  # type: ignore[misc]
             or table.ended(req_id) is not None
             or req_id in getattr(self, "_reqs_to_process", ())
         )
+        result = lp.transfer_done(req_id, readers) if known else None
+        if agent is not None and agent in self._lp_set("_lp_capable"):
+            if known and result is None:  # early: staged, answered when the grant settles it
+                self.__dict__.setdefault("_lp_early", {}).setdefault(req_id, []).append(agent)
+            else:
+                self._answer(agent, wire.verdict(req_id, result))
         if not known:
             self._unrecognized(req_id, None)
-            return
-        result = lp.transfer_done(req_id, readers)
-        if isinstance(result, Release):
+        elif isinstance(result, Release):
             self._released(result, done)
         elif isinstance(result, LateTransfer):
             self._stat("lp_late_reads")
@@ -166,16 +194,39 @@ class LeaseprotoConnectorWorker(NixlPullConnectorWorker):  # type: ignore[misc]
         )
 
     def _released(self, release: Release, done: set[str]) -> None:
-        self._leases().forget(release.req_id)
         getattr(self, "_reqs_to_process", set()).discard(release.req_id)
         self.consumer_notification_counts_by_req.pop(release.req_id, None)
         self.expected_consumer_notifications_by_req.pop(release.req_id, None)
         done.add(release.req_id)
 
+    def _answer(self, agent: str, msg: wire.Message) -> None:
+        try:
+            for payload in wire.encode(msg):
+                self.nixl_wrapper.send_notif(agent, notif_msg=payload)
+            self._stat("lp_verdicts_sent" if not isinstance(msg, wire.LeaseLost) else "lp_ll_sent")
+        except Exception:
+            self._stat("lp_verdict_send_failures")
+            logger.warning("Could not send %s to %s", type(msg).__name__, agent, exc_info=True)
+
+    def _on_hello(self, agent: str, metadata: bytes) -> None:
+        try:
+            name = self.nixl_wrapper.add_remote_agent(metadata)
+        except Exception as exc:
+            self._stat("lp_malformed")
+            logger.warning("Dropped a leaseproto hello from %s: %s", agent, exc)
+            return
+        self._lp_set("_lp_capable").update((agent, str(name)))
+        logger.info(
+            "Decode agent %s understands %s: verdicts will be sent to it", agent, wire.CAPABILITY
+        )
+
     # -- P: expiry --------------------------------------------------------------------------
     def _reap_expired_send_leases(self, done_sending: set[str]) -> None:
         lp = self._leases()
+        early: dict[str, list[str]] = self.__dict__.get("_lp_early", {})
         for release in lp.take_settled():
+            for agent in early.pop(release.req_id, ()):
+                self._answer(agent, wire.Ok(release.req_id))
             self._released(release, done_sending)
         for release in lp.reap():
             readers = lp.readers_done(release.req_id)
@@ -232,3 +283,51 @@ class LeaseprotoConnectorWorker(NixlPullConnectorWorker):  # type: ignore[misc]
                 continue
             good.append(rid)
         return wire.encode_heartbeat(good, max_bytes=max_bytes)
+
+    # -- D: verified reads (I13) ------------------------------------------------------------
+    def start_load_kv(self, metadata: NixlConnectorMetadata) -> None:
+        self._lp_set("_lp_advertised").update(getattr(metadata, VERIFY_ATTR, ()))
+        super().start_load_kv(metadata)
+
+    def _read_blocks_for_req(self, req_id: str, meta: Any) -> None:
+        remote = meta.remote
+        if remote is not None and any(meta.local_block_ids):
+            engine = remote.engine_id
+            if req_id in self._lp_set("_lp_advertised"):
+                self._verifier().expect(req_id, remote.request_id)
+                self._hello(engine)
+            elif engine not in self._lp_set("_lp_unverified_logged"):
+                self._lp_set("_lp_unverified_logged").add(engine)
+                logger.warning(
+                    "Prefill engine %s does not advertise %s: its KV is used unverified, as "
+                    "with stock vLLM",
+                    engine,
+                    wire.CAPABILITY,
+                )
+        super()._read_blocks_for_req(req_id, meta)
+
+    def _hello(self, engine: str) -> None:
+        """Tell an advertised P, once per agent, that we understand its verdicts."""
+        greeted = self._lp_set("_lp_greeted")
+        agents = getattr(self, "_remote_agents", {}).get(engine, {})
+        for agent in agents.values():
+            if agent in greeted:
+                continue
+            try:
+                self.nixl_wrapper.send_notif(
+                    agent, notif_msg=encode_hello(self.nixl_wrapper.get_agent_metadata())
+                )
+                greeted.add(agent)
+            except Exception:
+                logger.warning("Could not greet prefill agent %s", agent, exc_info=True)
+
+    def _pop_done_transfers(self, transfers: dict[str, list[int]]) -> tuple[set[str], set[str]]:
+        done, failed = super()._pop_done_transfers(transfers)
+        verifier = self._verifier()
+        before = (verifier.stats.refused, verifier.stats.timed_out, verifier.stats.verified)
+        done, failed = verifier.settle(done, failed, now=self._leases().now())
+        after = (verifier.stats.refused, verifier.stats.timed_out, verifier.stats.verified)
+        self._stat("lp_reads_refused", after[0] - before[0])
+        self._stat("lp_reads_verdict_timeout", after[1] - before[1])
+        self._stat("lp_reads_verified", after[2] - before[2])
+        return done, failed

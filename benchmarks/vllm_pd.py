@@ -1,0 +1,381 @@
+"""Real vLLM P/D engines side by side: stock ``NixlConnector`` and ``LeaseprotoConnector``.
+
+Builds a tiny random model locally (no downloads), starts a real vLLM prefill server and
+decode server on loopback with NIXL (UCX) on CPU, and routes completions the way vLLM's
+toy proxy does (prefill on P with ``do_remote_decode``, then decode on D with P's
+``kv_transfer_params``; this script is the router). The same schedule runs for each pair
+of connectors: stock/stock, ours/ours, ours P + stock D, stock P + ours D:
+
+1. surge: more requests than D runs at once, so some wait in D's queue for several
+   initial leases;
+2. stall: D is SIGSTOPped past the lease extension while requests wait in its queue and
+   P serves other prompts into the freed blocks, then SIGCONTed;
+3. kill: D is SIGKILLed with requests queued; the time from the kill to P's last
+   expiry is measured against its bound (``lease_extension + heartbeat_interval``, or the
+   initial lease for a lease never renewed).
+
+Per run it prints requests, completions identical to a single-instance run of the same
+model (P serving the prompt whole), leases expired on P, late reads P detected, reads D
+used without verification, reads D recomputed, and kill -> last free. ``--json FILE``
+writes the same. Run with the vLLM environment of docs/vllm.md::
+
+    python benchmarks/vllm_pd.py --json vllm_pd.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+LEASE = 12  # kv_lease_duration: heartbeat every 2 s, extension 8 s (vLLM's derivation)
+PAIRS = {
+    "stock": ("NixlConnector", "NixlConnector"),
+    "leaseproto": ("LeaseprotoConnector", "LeaseprotoConnector"),
+    "ours P + stock D": ("LeaseprotoConnector", "NixlConnector"),
+    "stock P + ours D": ("NixlConnector", "LeaseprotoConnector"),
+}
+WORDS = [
+    "the",
+    "cache",
+    "lease",
+    "prefill",
+    "decode",
+    "block",
+    "heartbeat",
+    "request",
+    "engine",
+    "token",
+    "read",
+    "model",
+    "tiny",
+    "random",
+    "server",
+    "queue",
+    "stall",
+    "kill",
+    "grant",
+    "renew",
+    "expire",
+    "abort",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def prompt(i: int, n: int = 90) -> str:
+    return " ".join(WORDS[(i * 7 + j * (i % 5 + 1)) % len(WORDS)] for j in range(n))
+
+
+def post(port: int, body: dict[str, Any], timeout: float = 600.0) -> dict[str, Any]:
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        out: dict[str, Any] = json.loads(r.read())
+        return out
+
+
+def metrics(port: int) -> dict[str, float]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            text = r.read().decode()
+    except (urllib.error.URLError, OSError):
+        return {}
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith(("vllm:nixl_", "vllm:leaseproto_")) and "_total" in line:
+            name = line.split("{", 1)[0].split(" ", 1)[0].removesuffix("_total")
+            out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+class Server:
+    def __init__(
+        self,
+        *,
+        model: Path,
+        role: str,
+        connector: str,
+        cpu: str,
+        log: Path,
+        max_num_seqs: int,
+        blocks: int,
+    ) -> None:
+        self.port = free_port()
+        cfg: dict[str, Any] = {
+            "kv_connector": connector,
+            "kv_role": role,
+            "kv_buffer_device": "cpu",
+            "kv_connector_extra_config": {"kv_lease_duration": LEASE},
+        }
+        if connector == "LeaseprotoConnector":
+            cfg["kv_connector_module_path"] = "leaseproto.integrations.vllm"
+        env = {
+            **os.environ,
+            "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port()),
+            "VLLM_PORT": str(free_port()),
+            "VLLM_CPU_OMP_THREADS_BIND": cpu,
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+            "HF_HUB_OFFLINE": "1",
+            "NIXL_LOG_LEVEL": "ERROR",
+        }
+        cmd = [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--served-model-name",
+            "m",
+            "--model",
+            str(model),
+            "--port",
+            str(self.port),
+            "--enforce-eager",
+            "--max-model-len",
+            "512",
+            "--dtype",
+            "bfloat16",
+            "--block-size",
+            "32",
+            "--max-num-seqs",
+            str(max_num_seqs),
+            "--num-gpu-blocks-override",
+            str(blocks),
+            "--no-enable-prefix-caching",
+            "--kv-transfer-config",
+            json.dumps(cfg),
+        ]
+        self.log = log
+        self.proc = subprocess.Popen(
+            cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    def wait_up(self, timeout: float = 600.0) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited; see {self.log}")
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5)
+                return
+            except (urllib.error.URLError, OSError):
+                time.sleep(2)
+        raise TimeoutError(f"server not up after {timeout}s; see {self.log}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGCONT)
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
+def route(p: Server, d: Server, text: str, max_tokens: int) -> str | None:
+    """vLLM's toy proxy: prefill on P (one token, KV kept for D), then decode on D."""
+    first = post(
+        p.port,
+        {
+            "model": "m",
+            "prompt": text,
+            "max_tokens": 1,
+            "temperature": 0,
+            "kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False},
+        },
+    )
+    try:
+        out = post(
+            d.port,
+            {
+                "model": "m",
+                "prompt": text,
+                "max_tokens": max_tokens,
+                "temperature": 0,
+                "kv_transfer_params": first["kv_transfer_params"],
+            },
+        )
+    except (urllib.error.URLError, OSError):
+        return None
+    return str(out["choices"][0]["text"])
+
+
+def run_pair(name: str, model: Path, logs: Path, n: int, max_tokens: int) -> dict[str, Any]:
+    p_conn, d_conn = PAIRS[name]
+    tag = name.replace(" ", "_").replace("+", "")
+    p = Server(
+        model=model,
+        role="kv_producer",
+        connector=p_conn,
+        cpu="0",
+        log=logs / f"{tag}-P.log",
+        max_num_seqs=8,
+        blocks=48,
+    )
+    d = Server(
+        model=model,
+        role="kv_consumer",
+        connector=d_conn,
+        cpu="1",
+        log=logs / f"{tag}-D.log",
+        max_num_seqs=2,
+        blocks=256,
+    )
+    rows: dict[str, Any] = {}
+    try:
+        p.wait_up()
+        d.wait_up()
+        ref = {
+            i: str(
+                post(
+                    p.port,
+                    {"model": "m", "prompt": prompt(i), "max_tokens": max_tokens, "temperature": 0},
+                )["choices"][0]["text"]
+            )
+            for i in range(n)
+        }
+        for phase in ("surge", "stall", "kill"):
+            before_p, before_d = metrics(p.port), metrics(d.port)
+            results: dict[int, str | None] = {}
+            threads = [
+                threading.Thread(
+                    target=lambda i=i, results=results: results.__setitem__(
+                        i, route(p, d, prompt(i), max_tokens)
+                    )
+                )
+                for i in range(n)
+            ]
+            for t in threads:
+                t.start()
+                time.sleep(0.2)
+            kill_at, last_free = None, None
+            if phase == "stall":
+                time.sleep(3)
+                os.killpg(d.proc.pid, signal.SIGSTOP)
+                stall_end = time.monotonic() + LEASE * 2 // 3 + 6
+                k = 1000
+                while time.monotonic() < stall_end:  # P reuses the freed blocks
+                    post(p.port, {"model": "m", "prompt": prompt(k, 120), "max_tokens": 1})
+                    k += 1
+                os.killpg(d.proc.pid, signal.SIGCONT)
+            if phase == "kill":
+                time.sleep(3)
+                os.killpg(d.proc.pid, signal.SIGKILL)
+                kill_at = time.monotonic()
+                expired0 = metrics(p.port).get("vllm:nixl_num_kv_expired_reqs", 0.0)
+                end = kill_at + 3 * LEASE
+                while time.monotonic() < end:
+                    now = metrics(p.port).get("vllm:nixl_num_kv_expired_reqs", 0.0)
+                    if now > expired0:
+                        expired0, last_free = now, time.monotonic()
+                    time.sleep(0.25)
+            for t in threads:
+                t.join(timeout=600)
+            after_p, after_d = metrics(p.port), metrics(d.port)
+
+            def delta(a: dict[str, float], b: dict[str, float], key: str) -> int:
+                return int(a.get(key, 0.0) - b.get(key, 0.0))
+
+            served = [i for i, r in results.items() if r is not None]
+            verified = delta(after_d, before_d, "vllm:leaseproto_reads_verified")
+            recomputed = delta(after_d, before_d, "vllm:leaseproto_reads_refused") + delta(
+                after_d, before_d, "vllm:leaseproto_reads_verdict_timeout"
+            )
+            late = delta(after_p, before_p, "vllm:nixl_num_notifications_after_expiry")
+            rows[phase] = {
+                "requests": n,
+                "completed": len(served),
+                "identical": sum(results[i] == ref[i] for i in served),
+                "expired": delta(after_p, before_p, "vllm:nixl_num_kv_expired_reqs"),
+                "late_reads": late,
+                "unverified": max(0, len(served) - verified - recomputed),
+                "recomputed": recomputed,
+                "kill_to_last_free_s": (
+                    None if kill_at is None or last_free is None else round(last_free - kill_at, 2)
+                ),
+                "bound_s": LEASE if phase == "kill" else None,
+            }
+            print(name, phase, rows[phase], flush=True)
+            if phase == "kill":
+                break
+        rows["reference_distinct"] = len(set(ref.values()))
+    finally:
+        d.stop()
+        p.stop()
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--pairs", nargs="*", default=list(PAIRS), choices=list(PAIRS))
+    ap.add_argument("--requests", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=200)
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--workdir", type=Path)
+    args = ap.parse_args()
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from leaseproto.integrations.vllm.tinymodel import build_tiny_model  # noqa: PLC0415 - after sys.path
+
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="vllm_pd-"))
+    model = build_tiny_model(work / "tiny-qwen3")
+    results = {
+        name: run_pair(name, model, work, args.requests, args.max_tokens) for name in args.pairs
+    }
+    header = (
+        "pair",
+        "phase",
+        "requests",
+        "identical",
+        "expired",
+        "late reads",
+        "unverified",
+        "recomputed",
+        "kill->free s",
+    )
+    print(" | ".join(header))
+    for name, rows in results.items():
+        for phase in ("surge", "stall", "kill"):
+            r = rows.get(phase)
+            if r:
+                print(
+                    " | ".join(
+                        str(x)
+                        for x in (
+                            name,
+                            phase,
+                            r["requests"],
+                            f"{r['identical']}/{r['completed']}",
+                            r["expired"],
+                            r["late_reads"],
+                            r["unverified"],
+                            r["recomputed"],
+                            "-"
+                            if r["kill_to_last_free_s"] is None
+                            else f"{r['kill_to_last_free_s']} (bound {r['bound_s']})",
+                        )
+                    )
+                )
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
