@@ -39,6 +39,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from _common import machine, table
+
+from leaseproto.integrations.vllm.tinymodel import WORDS, build_tiny_model
+
 LEASE = 12  # kv_lease_duration: heartbeat every 2 s, extension 8 s (vLLM's derivation)
 PAIRS = {
     "stock": ("NixlConnector", "NixlConnector"),
@@ -46,30 +50,6 @@ PAIRS = {
     "ours P + stock D": ("LeaseprotoConnector", "NixlConnector"),
     "stock P + ours D": ("NixlConnector", "LeaseprotoConnector"),
 }
-WORDS = [
-    "the",
-    "cache",
-    "lease",
-    "prefill",
-    "decode",
-    "block",
-    "heartbeat",
-    "request",
-    "engine",
-    "token",
-    "read",
-    "model",
-    "tiny",
-    "random",
-    "server",
-    "queue",
-    "stall",
-    "kill",
-    "grant",
-    "renew",
-    "expire",
-    "abort",
-]
 
 
 def free_port() -> int:
@@ -125,6 +105,8 @@ class Server:
             "kv_role": role,
             "kv_buffer_device": "cpu",
             "kv_connector_extra_config": {"kv_lease_duration": LEASE},
+            # a failed load recomputes instead of failing the request (0.32's default is "fail")
+            "kv_load_failure_policy": "recompute",
         }
         if connector == "LeaseprotoConnector":
             cfg["kv_connector_module_path"] = "leaseproto.integrations.vllm"
@@ -136,6 +118,8 @@ class Server:
             "VLLM_CPU_KVCACHE_SPACE": "1",
             "HF_HUB_OFFLINE": "1",
             "NIXL_LOG_LEVEL": "ERROR",
+            # Prometheus counters follow the stats logger; its default 10 s would blur the timings
+            "VLLM_LOG_STATS_INTERVAL": "0.5",
         }
         cmd = [
             sys.executable,
@@ -218,27 +202,29 @@ def route(p: Server, d: Server, text: str, max_tokens: int) -> str | None:
     return str(out["choices"][0]["text"])
 
 
+#: role -> (CPU to bind, most requests running at once, KV blocks): P small enough that freed
+#: blocks are reused soon; D running two at a time, so requests queue
+SHAPE = {"kv_producer": ("0", 8, 48), "kv_consumer": ("1", 2, 256)}
+
+
+def server(model: Path, role: str, connector: str, log: Path) -> Server:
+    cpu, seqs, blocks = SHAPE[role]
+    return Server(
+        model=model,
+        role=role,
+        connector=connector,
+        cpu=cpu,
+        log=log,
+        max_num_seqs=seqs,
+        blocks=blocks,
+    )
+
+
 def run_pair(name: str, model: Path, logs: Path, n: int, max_tokens: int) -> dict[str, Any]:
     p_conn, d_conn = PAIRS[name]
     tag = name.replace(" ", "_").replace("+", "")
-    p = Server(
-        model=model,
-        role="kv_producer",
-        connector=p_conn,
-        cpu="0",
-        log=logs / f"{tag}-P.log",
-        max_num_seqs=8,
-        blocks=48,
-    )
-    d = Server(
-        model=model,
-        role="kv_consumer",
-        connector=d_conn,
-        cpu="1",
-        log=logs / f"{tag}-D.log",
-        max_num_seqs=2,
-        blocks=256,
-    )
+    p = server(model, "kv_producer", p_conn, logs / f"{tag}-P.log")
+    d = server(model, "kv_consumer", d_conn, logs / f"{tag}-D.log")
     rows: dict[str, Any] = {}
     try:
         p.wait_up()
@@ -289,7 +275,9 @@ def run_pair(name: str, model: Path, logs: Path, n: int, max_tokens: int) -> dic
                     time.sleep(0.25)
             for t in threads:
                 t.join(timeout=600)
+            time.sleep(2)  # two stats intervals: the counters catch up
             after_p, after_d = metrics(p.port), metrics(d.port)
+            d_alive = phase != "kill"
 
             def delta(a: dict[str, float], b: dict[str, float], key: str) -> int:
                 return int(a.get(key, 0.0) - b.get(key, 0.0))
@@ -305,9 +293,10 @@ def run_pair(name: str, model: Path, logs: Path, n: int, max_tokens: int) -> dic
                 "completed": len(served),
                 "identical": sum(results[i] == ref[i] for i in served),
                 "expired": delta(after_p, before_p, "vllm:nixl_num_kv_expired_reqs"),
+                "wrong": sum(results[i] != ref[i] for i in served),
                 "late_reads": late,
-                "unverified": max(0, len(served) - verified - recomputed),
-                "recomputed": recomputed,
+                "unverified": max(0, len(served) - verified - recomputed) if d_alive else None,
+                "recomputed": recomputed if d_alive else None,
                 "kill_to_last_free_s": (
                     None if kill_at is None or last_free is None else round(last_free - kill_at, 2)
                 ),
@@ -331,8 +320,6 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--workdir", type=Path)
     args = ap.parse_args()
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from leaseproto.integrations.vllm.tinymodel import build_tiny_model  # noqa: PLC0415 - after sys.path
 
     work = args.workdir or Path(tempfile.mkdtemp(prefix="vllm_pd-"))
     model = build_tiny_model(work / "tiny-qwen3")
@@ -344,35 +331,36 @@ def main() -> None:
         "phase",
         "requests",
         "identical",
+        "wrong",
         "expired",
-        "late reads",
-        "unverified",
-        "recomputed",
-        "kill->free s",
+        "late reads (P)",
+        "unverified (D)",
+        "recomputed (D)",
+        "kill -> last free s",
     )
-    print(" | ".join(header))
+    out = []
     for name, rows in results.items():
         for phase in ("surge", "stall", "kill"):
             r = rows.get(phase)
-            if r:
-                print(
-                    " | ".join(
-                        str(x)
-                        for x in (
-                            name,
-                            phase,
-                            r["requests"],
-                            f"{r['identical']}/{r['completed']}",
-                            r["expired"],
-                            r["late_reads"],
-                            r["unverified"],
-                            r["recomputed"],
-                            "-"
-                            if r["kill_to_last_free_s"] is None
-                            else f"{r['kill_to_last_free_s']} (bound {r['bound_s']})",
-                        )
-                    )
+            if r is None:
+                continue
+            free = r["kill_to_last_free_s"]
+            out.append(
+                (
+                    name,
+                    phase,
+                    r["requests"],
+                    f"{r['identical']}/{r['completed']}",
+                    r["wrong"],
+                    r["expired"],
+                    r["late_reads"],
+                    "-" if r["unverified"] is None else r["unverified"],
+                    "-" if r["recomputed"] is None else r["recomputed"],
+                    "-" if free is None else f"{free} (bound {r['bound_s']})",
                 )
+            )
+    print(f"kv_lease_duration {LEASE} s; {machine()}")
+    print(table(header, out))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
 

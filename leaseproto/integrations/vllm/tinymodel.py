@@ -12,13 +12,14 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-__all__ = ["build_tiny_model", "hf_cache_with"]
+__all__ = ["WORDS", "build_tiny_model", "hf_cache_with"]
 
 _SNAPSHOT = "0" * 40
 
 
-def _corpus() -> list[str]:
-    words = [
+#: The tokenizer's words (prompts built from them tokenize one token per word).
+WORDS = tuple(
+    [
         "the",
         "cache",
         "lease",
@@ -42,6 +43,11 @@ def _corpus() -> list[str]:
         "expire",
         "abort",
     ]
+)
+
+
+def _corpus() -> list[str]:
+    words = WORDS
     return [" ".join(words[(i * 7 + j * 3) % len(words)] for j in range(12)) for i in range(200)]
 
 
