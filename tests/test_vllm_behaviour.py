@@ -317,3 +317,10 @@ def test_hello_and_verification_only_toward_an_advertised_p(
     else:  # a stock P never receives bytes of ours; the READ is used unverified
         assert d.nixl_wrapper.sent == []
         assert done == ({"d1"}, set())
+
+
+def test_a_request_whose_id_cannot_go_on_the_wire_is_not_tracked(clock: dict[str, float]) -> None:
+    s = make_scheduler(True)
+    s.on_new_request(d_request("d1", "p,1"))  # logged; the scheduler carries on
+    s.on_new_request(d_request("d2", "p2"))
+    assert s._heartbeat_req_engine == {"d2": ("P0", "p2")}

@@ -88,3 +88,9 @@ def test_early_transfer_done_settles_at_grant() -> None:
     assert lp.transfer_done("a", 1) is None  # staged by the core
     view["a"] = 130.0
     assert [r.req_id for r in lp.take_settled()] == ["a"] and "a" not in view
+
+
+def test_an_id_that_cannot_go_on_the_wire_is_freed_not_leased() -> None:
+    lp, view, _ = make()
+    view["bad,id"] = 130.0  # ',' would split a heartbeat: the core refuses the grant
+    assert "bad,id" not in view and lp.take_refused() == ["bad,id"]

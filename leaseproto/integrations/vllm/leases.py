@@ -14,13 +14,23 @@ deleting one aborts it. Nothing else holds deadlines.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
 
-from leaseproto import LateTransfer, LeaseConfig, LeaseTable, Release, TransferCounted
+from leaseproto import (
+    LateTransfer,
+    LeaseConfig,
+    LeaseTable,
+    LocalProtocolError,
+    Release,
+    TransferCounted,
+)
 
 __all__ = ["LeaseView", "WorkerLeases"]
+
+logger = logging.getLogger("vllm.leaseproto.worker")
 
 #: Smallest lease a grant may carry: an already-due deadline is granted with it
 #: and reaped at the next reap (the table refuses a zero ttl).
@@ -43,6 +53,8 @@ class WorkerLeases:
         # ids granted with a deadline already passed: the next reap frees them
         self._due: set[str] = set()
         self.settled: list[Release] = []
+        # ids the table refused to lease (see grant_until): freed at the next reap
+        self.refused: list[str] = []
 
     def now(self) -> float:
         """The worker clock, never earlier than the last ``now`` handed to the table."""
@@ -62,7 +74,13 @@ class WorkerLeases:
         if not ttl > _EPSILON:
             ttl = _EPSILON
             self._due.add(req_id)
-        release = self.table.grant(req_id, now=t, ttl=ttl)
+        try:
+            release = self.table.grant(req_id, now=t, ttl=ttl)
+        except LocalProtocolError as exc:  # an id that cannot go on the wire: no D can name it
+            logger.error("Not leasing KV blocks for request %r (%s): freeing them now", req_id, exc)
+            self._due.discard(req_id)
+            self.refused.append(req_id)
+            return
         if release is not None:  # staged early notifications completed it at once
             self.settled.append(release)
 
@@ -80,6 +98,11 @@ class WorkerLeases:
     def take_settled(self) -> list[Release]:
         """Releases produced by grants that staged notifications completed."""
         out, self.settled = self.settled, []
+        return out
+
+    def take_refused(self) -> list[str]:
+        """Ids the table refused to lease: the caller frees their blocks."""
+        out, self.refused = self.refused, []
         return out
 
     def transfer_done(

@@ -24,7 +24,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_scheduler import (
     NixlPullConnectorScheduler,
 )
 
-from leaseproto import HeartbeatTracker, LeaseConfig, wire
+from leaseproto import HeartbeatTracker, LeaseConfig, LocalProtocolError, wire
 
 from .config import lease_config_from_extra_config
 
@@ -152,7 +152,12 @@ class LeaseprotoConnectorScheduler(NixlPullConnectorScheduler):  # type: ignore[
                 params.get("pp_size", 1),
                 PARAMS_KEY in params,
             )
-        lp.tracker.track(request.request_id, engine_id=engine, remote_req_id=remote, now=lp.now())
+        try:
+            lp.tracker.track(
+                request.request_id, engine_id=engine, remote_req_id=remote, now=lp.now()
+            )
+        except LocalProtocolError as exc:  # an id no heartbeat can carry: P's lease lapses
+            logger.error("Not heartbeating request %s: %s", request.request_id, exc)
 
     def _stop_heartbeat(self, req_id: str) -> None:
         lp = self._tracking()

@@ -228,6 +228,9 @@ class LeaseprotoConnectorWorker(NixlPullConnectorWorker):  # type: ignore[misc]
             for agent in early.pop(release.req_id, ()):
                 self._answer(agent, wire.Ok(release.req_id))
             self._released(release, done_sending)
+        for req_id in lp.take_refused():
+            getattr(self, "_reqs_to_process", set()).discard(req_id)
+            done_sending.add(req_id)
         for release in lp.reap():
             readers = lp.readers_done(release.req_id)
             self.xfer_stats.record_kv_expired_req()
