@@ -25,8 +25,9 @@ import zmq
 from ..adapters.xfer import Transfer
 from ..core import wire
 from .backend import KVBackend
-from .decode_state import DecodeOptions, RankParams, Req
+from .decode_state import DecodeOptions, Req
 from .loop import EngineLoop
+from .messages import RankParams, parse
 from .metrics import DecodeMetrics
 from .plane import Msg, Peer, Server
 
@@ -145,7 +146,7 @@ class DecodeFollower(EngineLoop):
         try:
             if op == "connect":
                 for r in msg.get("ranks", []):
-                    rank = RankParams.parse(r)
+                    rank = parse(r, RankParams)
                     self.backend.connect(rank.agent, rank.host, rank.nixl_port)
             elif op == "read":
                 self.waiting.append((envelope, msg))
@@ -165,7 +166,7 @@ class DecodeFollower(EngineLoop):
             envelope, msg = self.waiting[0]
             req_id = str(msg.get("req_id"))
             try:
-                ranks = [RankParams.parse(r) for r in msg.get("ranks", [])]
+                ranks = [parse(r, RankParams) for r in msg.get("ranks", [])]
                 num_tokens = int(msg["num_tokens"])
                 remote = str(msg["remote_req_id"])
                 # vLLM's n: how many D ranks notify each P rank

@@ -11,8 +11,8 @@ from typing import Any
 
 from ..adapters.xfer import Transfer
 from ..core import wire
-from ..core.peer import PARAMS_KEY, PeerLease
 from .loop import RankOptions
+from .messages import Decode, RankParams, parse
 
 __all__ = ["DecodeOptions", "Engine", "RankParams", "Req"]
 
@@ -46,75 +46,6 @@ class DecodeOptions(RankOptions):
             raise ValueError("max_running must be >= 1")
         if self.step_time < 0:
             raise ValueError("step_time must be >= 0")
-
-
-def _int(d: dict[str, Any], key: str, minimum: int = 0) -> int:
-    v = d.get(key)
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        raise ValueError(f"transfer parameter {key!r} must be an integer >= {minimum}, got {v!r}")
-    return v
-
-
-def _str(d: dict[str, Any], key: str) -> str:
-    v = d.get(key)
-    if not isinstance(v, str) or not v:
-        raise ValueError(f"transfer parameter {key!r} must be a non-empty string, got {v!r}")
-    return v
-
-
-@dataclass(frozen=True)
-class RankParams:
-    """One P rank's share of a request: where to read it and how it is laid out."""
-
-    rank: int
-    tp: int
-    agent: str
-    host: str
-    nixl_port: int
-    block_ids: tuple[int, ...]
-    layout: dict[str, Any]
-    lease_remaining: float
-    #: the lease settings P advertised (None: P did not advertise ``leaseproto/1``)
-    lease: PeerLease | None = None
-
-    @classmethod
-    def parse(cls, d: object) -> RankParams:
-        if not isinstance(d, dict):
-            raise ValueError("each rank's transfer parameters must be a map")
-        blocks = d.get("block_ids")
-        if not isinstance(blocks, list) or not all(
-            isinstance(b, int) and not isinstance(b, bool) and b >= 0 for b in blocks
-        ):
-            raise ValueError("transfer parameter 'block_ids' must be a list of block ids")
-        layout = d.get("layout")
-        if not isinstance(layout, dict):
-            raise ValueError("transfer parameter 'layout' must be a map")
-        remaining = d.get("lease_remaining", 0.0)
-        if isinstance(remaining, bool) or not isinstance(remaining, (int, float)):
-            raise ValueError("transfer parameter 'lease_remaining' must be a number of seconds")
-        return cls(
-            rank=_int(d, "rank"),
-            tp=_int(d, "tp", 1),
-            agent=_str(d, "agent"),
-            host=_str(d, "host"),
-            nixl_port=_int(d, "nixl_port", 1),
-            block_ids=tuple(blocks),
-            layout=layout,
-            lease_remaining=float(remaining),
-            lease=None if d.get(PARAMS_KEY) is None else PeerLease.parse(d[PARAMS_KEY]),
-        )
-
-    def as_msg(self) -> dict[str, Any]:
-        return {
-            "rank": self.rank,
-            "tp": self.tp,
-            "agent": self.agent,
-            "host": self.host,
-            "nixl_port": self.nixl_port,
-            "block_ids": list(self.block_ids),
-            "layout": self.layout,
-            "lease_remaining": self.lease_remaining,
-        }
 
 
 @dataclass
@@ -176,49 +107,36 @@ class Req:
     def from_msg(
         cls, envelope: list[bytes], msg: dict[str, Any], *, now: float, block_size: int
     ) -> Req:
-        """Parse a ``decode`` request. Raises ``ValueError`` naming the bad field."""
-        req_id = _str(msg, "req_id")
-        wire.check_id(req_id)
-        prompt = msg.get("prompt")
-        if (
-            not isinstance(prompt, list)
-            or not prompt
-            or not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
-        ):
-            raise ValueError("prompt must be a non-empty list of token ids")
-        max_tokens = _int(msg, "max_tokens", 1)
-        params = msg.get("params")
-        if not isinstance(params, dict):
-            raise ValueError("decode needs transfer parameters ('params')")
-        remote = _str(params, "remote_req_id")
-        wire.check_id(remote)
-        ranks_raw = params.get("ranks")
-        if not isinstance(ranks_raw, list) or not ranks_raw:
-            raise ValueError("transfer parameter 'ranks' must be a non-empty list")
-        ranks = sorted((RankParams.parse(r) for r in ranks_raw), key=lambda r: r.rank)
+        """Parse a ``decode`` request (:class:`~.messages.Decode`), then check
+        what its type cannot say. Raises ``ValueError`` (``BadMessage``) naming
+        the bad field."""
+        m = parse(msg, Decode)
+        wire.check_id(m.req_id)
+        wire.check_id(m.params.remote_req_id)
+        ranks = sorted(m.params.ranks, key=lambda r: r.rank)
         if [r.rank for r in ranks] != list(range(len(ranks))) or any(
             r.tp != len(ranks) for r in ranks
         ):
             raise ValueError("transfer parameters must name every P rank exactly once")
-        need = -(-len(prompt) // block_size)
+        need = -(-len(m.prompt) // block_size)
         for r in ranks:
             if len(r.block_ids) != need:
                 raise ValueError(
                     f"P rank {r.rank} sent {len(r.block_ids)} block ids for a "
-                    f"{len(prompt)}-token prompt ({need} blocks of {block_size})"
+                    f"{len(m.prompt)}-token prompt ({need} blocks of {block_size})"
                 )
-        first = ranks_raw[0].get("first_token") if isinstance(ranks_raw[0], dict) else None
-        if isinstance(first, bool) or not isinstance(first, int):
-            raise ValueError("transfer parameter 'first_token' must be a token id")
+        first = ranks[0].first_token
+        if first is None:
+            raise ValueError("transfer parameter 'first_token' of P rank 0 is missing")
         return cls(
             envelope=envelope,
-            req_id=req_id,
-            prompt=list(prompt),
-            max_tokens=max_tokens,
-            remote_req_id=remote,
-            engine_id=_str(params, "engine_id"),
+            req_id=m.req_id,
+            prompt=m.prompt,
+            max_tokens=m.max_tokens,
+            remote_req_id=m.params.remote_req_id,
+            engine_id=m.params.engine_id,
             ranks=ranks,
             first_token=first,
-            num_tokens=len(prompt),
+            num_tokens=len(m.prompt),
             arrived=now,
         )

@@ -10,8 +10,11 @@ A peer that disconnects is noticed through ZeroMQ's socket monitor
 (:meth:`Peer.disconnected`), so the router can fail a request whose worker
 died instead of waiting for an answer that will never come.
 
-Messages (``op`` and the keys each carries) are documented where they are
-handled: :mod:`.router`, :mod:`.prefill`, :mod:`.decode`.
+The requests a worker validates (``generate``, ``prefill``, ``abort``,
+``decode`` and its transfer parameters) are typed structs in :mod:`.messages`
+(``msgspec``): a bad field is answered with an error naming it. The others
+(``ping``, ``stats``, answers) are documented where they are handled:
+:mod:`.router`, :mod:`.prefill`, :mod:`.decode`.
 """
 
 from __future__ import annotations

@@ -39,8 +39,9 @@ from ..core.peer import PARAMS_KEY, advertisement
 from ..core.table import LeaseTable
 from .backend import KVBackend
 from .loop import EngineLoop, RankOptions
+from .messages import Abort, Prefill, parse
 from .metrics import PrefillMetrics, stats_dict
-from .plane import Msg, Server
+from .plane import BadMessage, Msg, Server
 
 __all__ = ["PrefillOptions", "PrefillWorker"]
 
@@ -244,53 +245,41 @@ class PrefillWorker(EngineLoop):
     # -- requests -------------------------------------------------------------------------
     def _request(self, envelope: list[bytes], msg: Msg) -> None:
         op = msg["op"]
-        if op == "prefill":
-            req_id, prompt, d_tp = msg.get("req_id"), msg.get("prompt"), msg.get("d_tp", 1)
-            problem = self._check_prefill(req_id, prompt, d_tp)
-            if problem is not None:
-                self.malformed += 1
-                self.metrics.malformed.inc()
-                self.server.reply(envelope, {"op": "error", "req_id": req_id, "error": problem})
-                return
-            assert isinstance(req_id, str) and isinstance(prompt, list) and isinstance(d_tp, int)
-            # each P rank is read by every D rank that holds some of its heads
-            consumers = max(1, d_tp // self.opts.tp)
-            self.queue.append(_Queued(envelope, req_id, prompt, consumers, self._clock()))
-        elif op == "abort":
-            rid = msg.get("req_id")
-            if isinstance(rid, str):
-                queued = [q for q in self.queue if q.req_id == rid]
-                for q in queued:
-                    self.queue.remove(q)
-                rel = self.table.abort(rid, now=self._clock())
-                if rel is not None:
-                    self._release(rel)
-        elif not self.common_op(envelope, msg):
+        try:
+            if op == "prefill":
+                self._intake(envelope, parse(msg, Prefill))
+            elif op == "abort":
+                self._abort(parse(msg, Abort).req_id)
+            elif not self.common_op(envelope, msg):
+                raise BadMessage(f"unknown op {op!r}")
+        except BadMessage as exc:
             self.malformed += 1
             self.metrics.malformed.inc()
-            self.server.reply(envelope, {"op": "error", "error": f"unknown op {op!r}"})
+            self.server.reply(
+                envelope, {"op": "error", "req_id": msg.get("req_id"), "error": str(exc)}
+            )
 
-    def _check_prefill(self, req_id: object, prompt: object, d_tp: object) -> str | None:
-        if not isinstance(req_id, str):
-            return "req_id must be a string"
+    def _intake(self, envelope: list[bytes], m: Prefill) -> None:
+        """Queue a prefill. Raises :class:`BadMessage` for what its type cannot say."""
         try:
-            wire.check_id(req_id)
+            wire.check_id(m.req_id)
         except ValueError as exc:
-            return f"bad req_id: {exc}"
-        if req_id in self.table or any(q.req_id == req_id for q in self.queue):
-            return f"req {req_id} is already being served"
-        if (
-            not isinstance(prompt, list)
-            or not prompt
-            or not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
-        ):
-            return "prompt must be a non-empty list of token ids"
-        problem = self.backend.check_prompt(prompt)
+            raise BadMessage(f"bad req_id: {exc}") from exc
+        if m.req_id in self.table or any(q.req_id == m.req_id for q in self.queue):
+            raise BadMessage(f"req {m.req_id} is already being served")
+        problem = self.backend.check_prompt(m.prompt)
         if problem is not None:
-            return problem
-        if isinstance(d_tp, bool) or not isinstance(d_tp, int) or d_tp < 1:
-            return "d_tp must be an integer >= 1"
-        return None
+            raise BadMessage(problem)
+        # each P rank is read by every D rank that holds some of its heads
+        consumers = max(1, m.d_tp // self.opts.tp)
+        self.queue.append(_Queued(envelope, m.req_id, m.prompt, consumers, self._clock()))
+
+    def _abort(self, req_id: str) -> None:
+        for q in [q for q in self.queue if q.req_id == req_id]:
+            self.queue.remove(q)
+        rel = self.table.abort(req_id, now=self._clock())
+        if rel is not None:
+            self._release(rel)
 
     def compute(self) -> None:
         """Prefill queued prompts, oldest first, while blocks are free; at most

@@ -30,8 +30,9 @@ import zmq
 
 from ..core import wire
 from .loop import EngineLoop
+from .messages import Generate, parse
 from .metrics import RouterMetrics
-from .plane import Msg, Peer, Server
+from .plane import BadMessage, Msg, Peer, Server
 
 __all__ = ["Router", "RouterOptions"]
 
@@ -120,27 +121,15 @@ class Router(EngineLoop):
 
     def _generate(self, envelope: list[bytes], msg: Msg, now: float) -> None:
         cid = msg.get("id")
-        prompt = msg.get("prompt")
-        max_tokens = msg.get("max_tokens", 8)
-        if (
-            not isinstance(prompt, list)
-            or not prompt
-            or not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
-            or not isinstance(max_tokens, int)
-            or max_tokens < 1
-        ):
+        try:
+            gen = parse(msg, Generate)
+        except BadMessage as exc:
             self.metrics.malformed.inc()
             self.server.reply(
-                envelope,
-                {
-                    "op": "result",
-                    "id": cid,
-                    "ok": False,
-                    "tokens": [],
-                    "error": "generate needs a non-empty list of token ids and max_tokens >= 1",
-                },
+                envelope, {"op": "result", "id": cid, "ok": False, "tokens": [], "error": str(exc)}
             )
             return
+        prompt, max_tokens = gen.prompt, gen.max_tokens
         if not self.ready:
             missing = [
                 f"prefill rank {i}" for i in range(len(self.prefill)) if i not in self.info
