@@ -258,3 +258,42 @@ def test_sim_progress_bar_in_80_columns_leaves_no_residue() -> None:
     assert most == 1, text  # drawn, on one line
     assert not any(is_bar(ln) for ln in shown), text  # and gone
     assert any(ln.startswith("requests ") for ln in shown), text
+
+
+def test_plot_gives_every_policy_its_own_style_and_the_markers_theirs() -> None:
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_hex
+
+    from leaseproto.cli.sim_cmd import parse_policies
+    from leaseproto.sim import compare, preset
+    from leaseproto.sim.report import figure
+
+    comp = compare(
+        preset("both", duration=60.0),
+        policies=parse_policies("fixed:480,fixed:30,lease,cap:300,cap:600", LeaseConfig()),
+    )
+    fig = figure(comp)
+    try:
+        ax = fig.axes[0]
+        lines = {ln.get_label(): ln for ln in ax.get_lines()}
+        policies = [f.policy for f in comp.figures]
+
+        def dashes(line: object) -> str:  # the dash pattern drawn ("--" names several)
+            return str(getattr(line, "_unscaled_dash_pattern", line.get_linestyle()))  # type: ignore[attr-defined]
+
+        looks = [
+            (to_hex(lines[p].get_color()), dashes(lines[p]), lines[p].get_marker())
+            for p in policies
+        ]
+        for i in range(3):  # colour, line style and marker each tell the policies apart
+            assert len({look[i] for look in looks}) == len(policies), looks
+        crash = lines["D crash"]
+        marker_look = (to_hex(crash.get_color()), dashes(crash))
+        assert all(look[:2] != marker_look and look[0] != marker_look[0] for look in looks)
+        # the lease line is not hidden under lease+cap: it is drawn wider, beneath
+        lease, capped = lines["lease"], lines["lease+cap 300s"]
+        assert lease.get_linewidth() > capped.get_linewidth()
+        assert lease.get_zorder() < capped.get_zorder()
+    finally:
+        plt.close(fig)

@@ -135,9 +135,29 @@ def write_files(comp: Comparison, out: Path) -> list[Path]:
     return paths
 
 
-def plot(comp: Comparison, path: Path) -> None:
-    """P's held blocks over time, one line per policy, surges shaded and
-    crashes marked.
+#: One style per policy, in order (colour-blind-safe colours, after Okabe and Ito):
+#: colour, line style, marker. No policy uses the markers' colours below.
+POLICY_STYLES: tuple[tuple[str, Any, str], ...] = (
+    ("#0072B2", "-", "o"),  # blue
+    ("#D55E00", "--", "s"),  # vermillion
+    ("#009E73", "-.", "^"),  # green
+    ("#CC79A7", ":", "D"),  # reddish purple
+    ("#56B4E9", (0, (5, 1)), "v"),  # sky blue
+    ("#8C510A", (0, (3, 1, 1, 1)), "P"),  # brown
+    ("#666666", (0, (1, 1)), "X"),  # grey
+)
+#: Scenario markers: (colour, line style) of a D crash; colours of the bands.
+CRASH_STYLE = ("#000000", (0, (6, 2, 1, 2)))
+SURGE_COLOUR = "#F0E442"  # yellow band
+HANG_COLOUR = "#999999"  # grey band
+
+
+def figure(comp: Comparison) -> Any:
+    """The figure :func:`plot` saves (a matplotlib ``Figure``; close it when done).
+
+    Every policy has its own colour, line style and marker, drawn widest first so
+    a policy whose line equals another's still shows at its edges; crashes are
+    black dash-dot lines, surges yellow bands and hangs grey ones.
 
     Raises:
         ImportError: matplotlib is missing (``pip install 'leaseproto[plot]'``).
@@ -151,34 +171,48 @@ def plot(comp: Comparison, path: Path) -> None:
         raise ImportError("--plot needs matplotlib: pip install 'leaseproto[plot]'") from exc
     sc = comp.scenario
     fig, ax = plt.subplots(figsize=(10, 5), dpi=110)
-    styles = ("-", "-", "-", "--", ":", "-.")
+    n = len(comp.figures)
     for k, (f, s) in enumerate(zip(comp.figures, comp.series, strict=True)):
+        colour, style, marker = POLICY_STYLES[k % len(POLICY_STYLES)]
+        every = max(1, len(s.t) // 12)
         ax.plot(
             s.t,
             s.p_blocks,
             label=f.policy,
-            linewidth=1.4 if k < 3 else 1.8,
-            linestyle=styles[k % len(styles)],
+            color=colour,
+            linestyle=style,
+            linewidth=1.2 + 1.4 * (n - 1 - k) / max(1, n - 1),
+            marker=marker,
+            markersize=5,
+            markevery=(every * k // max(1, n), every),
+            zorder=2 + k,
         )
     for k, surge in enumerate(sc.surges):
         ax.axvspan(
             surge.start,
             surge.start + surge.length,
-            color="orange",
-            alpha=0.15,
+            color=SURGE_COLOUR,
+            alpha=0.3,
             label="surge" if k == 0 else None,
+            zorder=0,
         )
     for k, crash in enumerate(sc.crashes):
         ax.axvline(
-            crash.at, color="red", linestyle="--", linewidth=1, label="D crash" if k == 0 else None
+            crash.at,
+            color=CRASH_STYLE[0],
+            linestyle=CRASH_STYLE[1],
+            linewidth=1.2,
+            label="D crash" if k == 0 else None,
+            zorder=1,
         )
     for k, hang in enumerate(sc.hangs):
         ax.axvspan(
             hang.at,
             hang.at + hang.length,
-            color="grey",
-            alpha=0.12,
+            color=HANG_COLOUR,
+            alpha=0.2,
             label="D hung" if k == 0 else None,
+            zorder=0,
         )
     ax.set_xlabel("virtual time (s)")
     ax.set_ylabel("KV blocks held by P under a lease")
@@ -188,6 +222,18 @@ def plot(comp: Comparison, path: Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend(loc="upper right", fontsize=8)
     fig.tight_layout()
+    return fig
+
+
+def plot(comp: Comparison, path: Path) -> None:
+    """Save :func:`figure` to ``path`` (PNG, or any format matplotlib knows by suffix).
+
+    Raises:
+        ImportError: matplotlib is missing (``pip install 'leaseproto[plot]'``).
+    """
+    fig = figure(comp)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
     plt.close(fig)
