@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..workers.notifications import MAX_INCOMING_BYTES
 from ._errors import fail, missing_extra
 from ._lease_flags import add_extra_config_flag, add_lease_flags, config_from_args
 
@@ -92,6 +93,13 @@ def _common(p: argparse.ArgumentParser, *, nixl: bool = True) -> None:
         p.add_argument("--block-size", type=int, default=4, help="tokens per KV block")
         p.add_argument("--rank", type=int, default=0, help="this process's TP rank")
         p.add_argument("--tp", type=int, default=1, help="ranks of this engine")
+        p.add_argument(
+            "--max-incoming-notification-bytes",
+            type=int,
+            default=MAX_INCOMING_BYTES,
+            metavar="BYTES",
+            help="drop and count larger incoming NIXL notifications (default %(default)s)",
+        )
         p.add_argument(
             "--model-seed",
             type=int,
@@ -285,7 +293,7 @@ def run(args: argparse.Namespace) -> int:
         return fail(f"serve {args.role}", message)
 
     def _stop(signum: int, frame: object) -> None:
-        worker.stop()
+        worker.stop(f"{signal.Signals(signum).name} received")
 
     if args.exit_with_parent:
         worker.parent_pid = os.getppid()

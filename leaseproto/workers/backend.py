@@ -120,14 +120,36 @@ class KVBackend:
         return self.pool.layout()
 
     # -- the model ------------------------------------------------------------------------
-    def check_prompt(self, prompt: Sequence[int], max_tokens: int = 1) -> str | None:
+    def check_prompt(
+        self, prompt: Sequence[int], max_tokens: int = 1, first_token: int | None = None
+    ) -> str | None:
+        """Why this rank can never serve the request, or None: a token outside
+        the vocabulary, more positions than the model has, or more blocks
+        than the whole pool (refused at intake: such a request would wait for
+        blocks forever)."""
         cfg = self.model.config
         bad = [t for t in prompt if not 0 <= t < cfg.vocab]
+        if first_token is not None and not 0 <= first_token < cfg.vocab:
+            bad.insert(0, first_token)
         if bad:
             return f"token {bad[0]} is not in 0..{cfg.vocab - 1}"
         if len(prompt) + max_tokens > cfg.max_positions:
             return f"{len(prompt)} + {max_tokens} tokens exceed {cfg.max_positions} positions"
+        need = self.pool.blocks_needed(len(prompt))
+        if need > self.pool.num_blocks:
+            return (
+                f"a {len(prompt)}-token prompt needs {need} blocks; this pool holds "
+                f"{self.pool.num_blocks}"
+            )
         return None
+
+    def limits(self) -> dict[str, int]:
+        """What a request must fit (the router refuses the rest at intake)."""
+        return {
+            "max_positions": self.model.config.max_positions,
+            "num_blocks": self.pool.num_blocks,
+            "block_size": self.pool.block_size,
+        }
 
     def prefill(self, prompt: Sequence[int], blocks: Sequence[int]) -> int:
         """Write this pool's heads of the prompt's K/V; the first generated token."""

@@ -33,6 +33,7 @@ import zmq
 
 from ..adapters.kv_pool import LayoutError
 from ..core import wire
+from ..core.errors import LocalProtocolError
 from ..core.tracker import HeartbeatTracker
 from .backend import KVBackend
 from .decode_follower import Followers
@@ -40,6 +41,7 @@ from .decode_leases import DecodeLeases
 from .decode_state import DecodeOptions, Engine, Req
 from .loop import EngineLoop
 from .metrics import DecodeMetrics, stats_dict
+from .notifications import DropLog, NotificationGate
 from .plane import Msg, Server
 
 __all__ = ["DecodeOptions", "DecodeWorker"]
@@ -83,6 +85,10 @@ class DecodeWorker(DecodeLeases, EngineLoop):
             "engines_dropped": 0,
             "late_first_heartbeats": 0,
         }
+        self.drops = DropLog(log)
+        self.gate = NotificationGate(
+            self.drops, max_bytes=opts.max_notification_in, known=self.backend.is_connected
+        )
         self._now = -math.inf
         self._lease_checked = {}
 
@@ -99,7 +105,12 @@ class DecodeWorker(DecodeLeases, EngineLoop):
         }
 
     def pong(self) -> Msg:
-        return {"role": "decode", "tp": self.opts.tp, "agent": self.backend.agent_name}
+        return {
+            "role": "decode",
+            "tp": self.opts.tp,
+            "agent": self.backend.agent_name,
+            "limits": self.backend.limits(),
+        }
 
     def _clock(self) -> float:
         self._now = max(self._now, time.monotonic())
@@ -110,6 +121,8 @@ class DecodeWorker(DecodeLeases, EngineLoop):
         op = msg["op"]
         if op == "decode":
             self._intake(envelope, msg)
+        elif op == "abort":
+            self._abort_request(msg.get("req_id"))
         elif not self.common_op(envelope, msg):
             self._malformed(f"unknown op {op!r}")
             self.server.reply(envelope, {"op": "error", "error": f"unknown op {op!r}"})
@@ -117,12 +130,14 @@ class DecodeWorker(DecodeLeases, EngineLoop):
     def _malformed(self, why: str) -> None:
         self.counts["malformed"] += 1
         self.metrics.malformed.inc()
-        log.warning("dropped a malformed message: %s", why)
+        self.drops.drop("malformed message", why)
 
     def _intake(self, envelope: list[bytes], msg: Msg) -> None:
         try:
             req = Req.from_msg(envelope, msg, now=self._clock(), block_size=self.opts.block_size)
-            problem = self.backend.check_prompt(req.prompt)
+            problem = self.backend.check_prompt(req.prompt, req.max_tokens, req.first_token)
+            if problem is None and self.backend.agent_name in {r.agent for r in req.ranks}:
+                problem = "transfer parameters name this decode worker's own NIXL agent"
             if problem is not None:
                 raise ValueError(problem)
         except ValueError as exc:
@@ -137,18 +152,27 @@ class DecodeWorker(DecodeLeases, EngineLoop):
             self.counts["failed"] += 1
             self._refuse(envelope, req.req_id, f"refused P engine {req.engine_id}: {problem}")
             return
-        engine = self._engine(req)
+        try:
+            engine = self._engine(req)
+        except ValueError as exc:  # an address NIXL refuses: this request only
+            self._malformed(f"transfer parameters of req {req.req_id}: {exc}")
+            self._finish(req, ok=False, error=f"unusable transfer parameters: {exc}")
+            return
         self.waiting.append(req)
         self.by_remote[req.remote_req_id] = req
         if engine.lost:
             self._kv_lost(req, f"P engine {engine.engine_id} is gone ({engine.lost})")
         elif self.opts.policy == "lease":
-            self.tracker.track(
-                req.req_id,
-                engine_id=req.engine_id,
-                remote_req_id=req.remote_req_id,
-                now=self._clock(),
-            )
+            try:
+                self.tracker.track(
+                    req.req_id,
+                    engine_id=req.engine_id,
+                    remote_req_id=req.remote_req_id,
+                    now=self._clock(),
+                )
+            except LocalProtocolError as exc:  # an id too long for our heartbeats
+                self._malformed(f"req {req.req_id}: {exc}")
+                self._finish(req, ok=False, error=str(exc))
 
     def _refuse(self, envelope: list[bytes], req_id: object, error: str) -> None:
         """Answer a ``decode`` request that will not be served."""
@@ -163,9 +187,9 @@ class DecodeWorker(DecodeLeases, EngineLoop):
         engine = self.engines.get(req.engine_id)
         if engine is None or engine.agents != agents:
             engine = Engine(req.engine_id, agents, list(req.ranks))
-            self.engines[req.engine_id] = engine
-            for rank in req.ranks:
+            for rank in req.ranks:  # ValueError: NIXL refuses the address; nothing kept
                 self.backend.connect(rank.agent, rank.host, rank.nixl_port)
+            self.engines[req.engine_id] = engine
             self.followers.connect(req.ranks)
             log.info("handshake started with P engine %s (%d ranks)", req.engine_id, len(req.ranks))
         return engine
@@ -177,15 +201,7 @@ class DecodeWorker(DecodeLeases, EngineLoop):
         to free it now rather than at expiry (``AB:``, best effort)."""
         if req.done or not req.needs_remote_kv:
             return  # already failed over (several P ranks may report the same loss)
-        self.tracker.untrack(req.req_id)
-        engine = self.engines.get(req.engine_id)
-        if abort and engine is not None and not engine.lost:
-            for agent in engine.agents:
-                self.backend.send(agent, wire.encode_abort(req.remote_req_id))
-        for xfer in req.transfers:
-            self.backend.release(xfer)
-        req.transfers.clear()
-        req.followers_pending.clear()
+        self._drop_remote(req, abort=abort)
         if self.opts.on_kv_loss == "error":
             self.metrics.failovers.labels(action="error").inc()
             self._finish(req, ok=False, error=f"KV of req {req.req_id} lost: {reason}")
@@ -196,6 +212,28 @@ class DecodeWorker(DecodeLeases, EngineLoop):
         log.info("req %s will be recomputed locally: %s", req.req_id, reason)
         if req.req_id in self.running and req.blocks:
             self._recompute(req)
+
+    def _drop_remote(self, req: Req, *, abort: bool) -> None:
+        """Stop heartbeating and reading ``req``'s KV at P (``abort``: tell P)."""
+        self.tracker.untrack(req.req_id)
+        engine = self.engines.get(req.engine_id)
+        if abort and engine is not None and not engine.lost:
+            for agent in engine.agents:
+                self.backend.send(agent, wire.encode_abort(req.remote_req_id))
+        for xfer in req.transfers:
+            self.backend.release(xfer)
+        req.transfers.clear()
+        req.followers_pending.clear()
+
+    def _abort_request(self, req_id: object) -> None:
+        """The router gave up on ``req_id``: drop it, and free P's blocks now."""
+        req = next((r for r in [*self.waiting, *self.running.values()] if r.req_id == req_id), None)
+        if req is None:
+            return
+        log.info("req %s aborted by the router", req.req_id)
+        if req.needs_remote_kv and not req.kv_in:
+            self._drop_remote(req, abort=True)
+        self._finish(req, ok=False, error="aborted by the router")
 
     def _recompute(self, req: Req) -> None:
         req.start_token = self.backend.prefill(req.prompt, req.blocks)
@@ -305,9 +343,14 @@ class DecodeWorker(DecodeLeases, EngineLoop):
             if req.state != "decoding":
                 continue
             if not req.tokens:
-                req.tokens = self.backend.decode(
-                    req.blocks, req.num_tokens, req.start_token, req.max_tokens
-                )
+                try:
+                    req.tokens = self.backend.decode(
+                        req.blocks, req.num_tokens, req.start_token, req.max_tokens
+                    )
+                except (ValueError, IndexError, RuntimeError) as exc:  # never stop the loop
+                    log.error("decode of req %s failed: %s", req.req_id, exc)
+                    self._finish(req, ok=False, error=f"decode failed: {exc}")
+                    continue
                 req.steps_left = req.max_tokens - 1
             if req.steps_left > 0:
                 req.steps_left -= 1
@@ -351,6 +394,8 @@ class DecodeWorker(DecodeLeases, EngineLoop):
             "tracked": len(self.tracker),
             "blocks_free": self.backend.num_free,
             **self.counts,
+            "oversized": self.gate.oversized,
+            "unknown_sender": self.gate.unknown_sender,
             "tracker": stats_dict(self.tracker.stats),
         }
 

@@ -29,6 +29,7 @@ from .decode_state import DecodeOptions, Req
 from .loop import EngineLoop
 from .messages import RankParams, parse
 from .metrics import DecodeMetrics
+from .notifications import DropLog, NotificationGate
 from .plane import Msg, Peer, Server
 
 __all__ = ["DecodeFollower", "Followers"]
@@ -111,6 +112,10 @@ class DecodeFollower(EngineLoop):
         self.waiting: list[tuple[list[bytes], Msg]] = []  # reads waiting for blocks
         self.leader: list[bytes] | None = None
         self.counts = {"reads_done": 0, "reads_failed": 0, "nacks": 0, "malformed": 0}
+        self.drops = DropLog(log)
+        self.gate = NotificationGate(
+            self.drops, max_bytes=opts.max_notification_in, known=self.backend.is_connected
+        )
 
     def ready_info(self) -> dict[str, Any]:
         return {
@@ -155,7 +160,7 @@ class DecodeFollower(EngineLoop):
         except (ValueError, TypeError) as exc:
             self.counts["malformed"] += 1
             self.metrics.malformed.inc()
-            log.warning("dropped a malformed %r message: %s", op, exc)
+            self.drops.drop(f"malformed {op!r} message", str(exc))
             if op == "read":
                 self.server.reply(
                     envelope, {"op": "read_failed", "req_id": msg.get("req_id"), "error": str(exc)}
@@ -237,13 +242,13 @@ class DecodeFollower(EngineLoop):
             self.server.sock.poll(int(wait_s * 1000), zmq.POLLIN)
         while (got := self.server.recv()) is not None:
             self._request(*got)
-        for sender, payload in self.backend.poll():
+        for sender, payload in self.gate.admit(self.backend.poll()):
             try:
                 msg = wire.decode(payload)
             except wire.MalformedMessage as exc:
                 self.counts["malformed"] += 1
                 self.metrics.malformed.inc()
-                log.warning("dropped a malformed notification from %s: %s", sender, exc)
+                self.drops.drop("malformed notification", f"from {sender}: {exc}")
                 continue
             if isinstance(msg, wire.Nack):
                 self.counts["nacks"] += 1
@@ -251,6 +256,7 @@ class DecodeFollower(EngineLoop):
                 self._to_leader({"op": "nack", "remote_req_id": msg.req_id, "reason": msg.reason})
         for agent, reason in self.backend.take_lost_peers():
             self._to_leader({"op": "peer_lost", "agent": agent, "reason": reason})
+        self.drops.flush()
         self._start()
         self._progress()
 

@@ -18,6 +18,7 @@ from ..core.peer import first_contact
 from ..core.tracker import HeartbeatTracker
 from .decode_state import DecodeOptions, Engine, Req
 from .metrics import DecodeMetrics
+from .notifications import DropLog, NotificationGate
 
 if TYPE_CHECKING:
     from .backend import KVBackend
@@ -42,6 +43,8 @@ class DecodeLeases:
     counts: dict[str, int]
     #: (P engine, its agents) -> why its lease settings do not fit ours, or None
     _lease_checked: dict[tuple[str, tuple[str, ...]], str | None]
+    gate: NotificationGate
+    drops: DropLog
 
     def _clock(self) -> float:
         raise NotImplementedError
@@ -70,8 +73,9 @@ class DecodeLeases:
             due = self.tracker.due(now=now, pending=self._pending())
             for engine_id, ids in due.items():
                 self._heartbeat(engine_id, ids)
-        for sender, payload in self.backend.poll():
+        for sender, payload in self.gate.admit(self.backend.poll()):
             self._notification(sender, payload)
+        self.drops.flush()
 
     def _heartbeat(self, engine_id: str, ids: list[str]) -> None:
         engine = self.engines.get(engine_id)
@@ -149,6 +153,15 @@ class DecodeLeases:
         self.counts["nacks"] += 1
         self.metrics.nacks.inc()
         req = self.by_remote.get(remote_req_id)
+        if req is not None and req.done and (req.recompute or not req.kv_in):
+            # answered from a local recompute (or failed): nothing read was used
+            log.info(
+                "NACK (%s) from %s for req %s after its answer, which did not use P's KV",
+                reason,
+                sender,
+                remote_req_id,
+            )
+            return
         if req is None or req.done:
             self.counts["nack_after_answer"] += 1
             log.error(

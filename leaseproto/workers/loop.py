@@ -1,6 +1,7 @@
 """What every worker process shares: the run loop, the options of a rank
 that holds KV, and the request-plane ops every worker answers (``ping``,
-``stats``, ``stop``)."""
+``stats``). Stopping a worker is not a request-plane op (anyone who can reach
+the port could send it): a worker stops on SIGTERM or SIGINT, and logs it."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ..core.config import LeaseConfig
+from .notifications import MAX_INCOMING_BYTES
 from .plane import Msg, Server
 
 __all__ = ["EngineLoop", "RankOptions"]
@@ -36,6 +38,8 @@ class RankOptions:
     block_size: int = 4
     model_seed: int = 0
     policy: str = "lease"
+    #: largest incoming notification handled; larger ones are dropped and counted
+    max_notification_in: int = MAX_INCOMING_BYTES
 
     @classmethod
     def from_args(
@@ -59,6 +63,7 @@ class RankOptions:
             block_size=args.block_size,
             model_seed=args.model_seed,
             policy=args.policy,
+            max_notification_in=args.max_incoming_notification_bytes,
             **extra,
         )
 
@@ -67,6 +72,12 @@ class RankOptions:
             raise ValueError(f"policy must be 'lease' or 'fixed', got {self.policy!r}")
         if not 0 <= self.rank < self.tp:
             raise ValueError(f"rank {self.rank} is not in 0..{self.tp - 1}")
+        if self.max_notification_in < self.config.max_notification_bytes:
+            raise ValueError(
+                f"max_notification_in={self.max_notification_in} is below "
+                f"max_notification_bytes={self.config.max_notification_bytes}: "
+                "our own heartbeats would be dropped"
+            )
 
 
 class EngineLoop:
@@ -110,20 +121,25 @@ class EngineLoop:
         finally:
             self.close()
 
-    def stop(self) -> None:
+    def stop(self, why: str = "asked to stop") -> None:
         """Leave the loop after the current step (signal handlers call it)."""
+        if not self._stop:
+            log.warning("%s: stopping after this step", why)
         self._stop = True
 
     def common_op(self, envelope: list[bytes], msg: Msg) -> bool:
-        """Answer ``ping``, ``stats`` and ``stop``; False for any other op."""
+        """Answer ``ping`` and ``stats`` (and refuse ``stop``); False for any other op."""
         op = msg["op"]
         if op == "ping":
             self.server.reply(envelope, {"op": "pong", **self.pong()})
         elif op == "stats":
             self.server.reply(envelope, {"op": "stats", **self.stats()})
-        elif op == "stop":
-            self.server.reply(envelope, {"op": "stopping"})
-            self._stop = True
+        elif op == "stop":  # not from the network: a signal stops a worker
+            log.warning("refused a request-plane 'stop': send SIGTERM to pid %d", os.getpid())
+            self.server.reply(
+                envelope,
+                {"op": "error", "error": "stop is not a request-plane op: send SIGTERM"},
+            )
         else:
             return False
         return True

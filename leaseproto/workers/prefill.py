@@ -41,6 +41,7 @@ from .backend import KVBackend
 from .loop import EngineLoop, RankOptions
 from .messages import Abort, Prefill, parse
 from .metrics import PrefillMetrics, stats_dict
+from .notifications import DropLog, Inbox, NotificationGate
 from .plane import BadMessage, Msg, Server
 
 __all__ = ["PrefillOptions", "PrefillWorker"]
@@ -49,6 +50,8 @@ log = logging.getLogger("leaseproto.prefill")
 
 #: Longest the loop waits for request-plane traffic before polling NIXL again.
 _IDLE_WAIT_S = 0.005
+#: Longest one loop turn spends handling queued notifications, seconds.
+_INBOX_BUDGET_S = 0.02
 #: Most prompts prefilled in one loop turn.
 _BATCH = 8
 
@@ -90,6 +93,11 @@ class PrefillWorker(EngineLoop):
         self.nacks_sent = 0
         self.heartbeats_received = 0
         self.malformed = 0
+        self.drops = DropLog(log)
+        self.gate = NotificationGate(
+            self.drops, max_bytes=opts.max_notification_in, known=self.backend.is_connected
+        )
+        self.inbox = Inbox()
         self._now = -math.inf
         self.metrics.blocks_free.set(self.backend.num_free)
         #: our lease settings, as durations, in every transfer parameter set (lease policy)
@@ -197,15 +205,14 @@ class PrefillWorker(EngineLoop):
                 )
 
     # -- lease step -----------------------------------------------------------------------
-    def _notification(self, sender: str, payload: bytes) -> None:
+    def _notification(self, sender: str, payload: bytes, now: float) -> None:
         try:
             msg = wire.decode(payload)
         except wire.MalformedMessage as exc:
             self.malformed += 1
             self.metrics.malformed.inc()
-            log.warning("dropped a malformed notification from %s: %s", sender, exc)
+            self.drops.drop("malformed notification", f"from {sender}: {exc}")
             return
-        now = self._clock()
         if isinstance(msg, wire.Heartbeat):
             self.heartbeats_received += 1
             self.metrics.heartbeats.inc()
@@ -230,13 +237,24 @@ class PrefillWorker(EngineLoop):
         else:  # a NACK is P -> D only
             self.malformed += 1
             self.metrics.malformed.inc()
-            log.warning("dropped a %s from %s: P never receives it", type(msg).__name__, sender)
+            self.drops.drop(
+                "malformed notification", f"a {type(msg).__name__} from {sender}: P-bound never"
+            )
 
     def lease_step(self) -> None:
-        for sender, payload in self.backend.poll():
-            self._notification(sender, payload)
-        for rel in self.table.expire(now=self._clock()):
-            self._release(rel)
+        # Each notification is handled at the instant it was polled (P had
+        # received it by then), senders served round-robin within a budget, and
+        # nothing expires until every notification polled so far is handled:
+        # a renewal that arrived in time always counts, whatever the burst.
+        polled = self._clock()
+        self.inbox.add(self.gate.admit(self.backend.poll()), polled=polled)
+        for at, sender, payload in self.inbox.take(budget_s=_INBOX_BUDGET_S):
+            self._now = max(self._now, at)
+            self._notification(sender, payload, self._now)
+        if not self.inbox:
+            for rel in self.table.expire(now=max(polled, self._now)):
+                self._release(rel)
+        self.drops.flush()
         for peer, reason in self.backend.take_lost_peers():
             log.info("NIXL peer %s lost (%s)", peer, reason)
         self.metrics.blocks_held.set(sum(len(b) for b in self.blocks.values()))
@@ -354,6 +372,7 @@ class PrefillWorker(EngineLoop):
             "engine_id": self.opts.engine_id,
             "rank": self.opts.rank,
             "tp": self.opts.tp,
+            "limits": self.backend.limits(),
         }
 
     def stats(self) -> Msg:
@@ -371,6 +390,11 @@ class PrefillWorker(EngineLoop):
             ),
             "nacks_sent": self.nacks_sent,
             "malformed": self.malformed,
+            "oversized": self.gate.oversized,
+            "unknown_sender": self.gate.unknown_sender,
+            "max_notification_in": self.gate.max_bytes,
+            "inbox_pending": self.inbox.pending,
+            "inbox_overflow": self.inbox.overflow,
             "heartbeats_received": self.heartbeats_received,
             "table": stats_dict(self.table.stats),
         }
@@ -378,7 +402,7 @@ class PrefillWorker(EngineLoop):
     # -- loop -----------------------------------------------------------------------------
     def step(self, wait_s: float = _IDLE_WAIT_S) -> None:
         """One engine-loop turn: intake, compute, lease step."""
-        if wait_s > 0:
+        if wait_s > 0 and not self.inbox:
             self.server.sock.poll(int(wait_s * 1000), zmq.POLLIN)
         while (got := self.server.recv()) is not None:
             self._request(*got)

@@ -1,17 +1,21 @@
 """The router: one process, one single-threaded loop.
 
 A client sends ``{"op": "generate", "id": ..., "prompt": [token ids],
-"max_tokens": n}``. The router names the request for P (``<id>-<8 hex>``, as
-vLLM does), sends ``prefill`` to every rank of the prefill engine, collects
-each rank's transfer parameters (its NIXL agent and address, block ids, the
-block layout and the lease time left, a duration), and sends ``decode`` to the
-decode engine with all of them. D's answer goes back to the client as
+"max_tokens": n}``. The router names the request for P (``<id>-<16 hex>``: 64
+random bits, so no peer can guess a lease id it was never told), sends
+``prefill`` to every rank of the prefill engine, collects each rank's transfer
+parameters (its NIXL agent and address, block ids, the block layout and the
+lease time left, a duration), and sends ``decode`` to the decode engine with
+all of them. D's answer goes back to the client as
 ``{"op": "result", "id", "req_id", "ok", "tokens", "error", "recomputed"}``.
 
 Failures are answers, never hangs: a worker whose connection drops fails every
 request waiting on it (ZeroMQ socket monitor), a rank that cannot prefill
 fails the request and the other ranks are told to abort (so they free at once
-instead of at expiry), and every request has a deadline.
+instead of at expiry), and every request has a deadline; a request given up
+on is aborted on D and P, so nothing stays held. A request no worker could
+ever schedule (more positions than the model has, more blocks than a pool
+holds: the limits each worker reports in its ``pong``) is refused at intake.
 
 The router does not reply to ``generate`` until it has heard from every
 worker (``ping``); its own ``ping`` answer says whether it is ``ready``.
@@ -145,8 +149,17 @@ class Router(EngineLoop):
                 },
             )
             return
+        problem = self._never_fits(len(prompt), max_tokens)
+        if problem is not None:
+            self.metrics.malformed.inc()
+            self.server.reply(
+                envelope,
+                {"op": "result", "id": cid, "ok": False, "tokens": [], "error": problem},
+            )
+            return
         base = str(cid) if cid is not None else "req"
-        req_id = f"{base}-{secrets.token_hex(4)}"
+        # 64 random bits: P's lease ids cannot be guessed by a peer never told them
+        req_id = f"{base}-{secrets.token_hex(8)}"
         try:
             wire.check_id(req_id)
         except ValueError as exc:
@@ -171,6 +184,28 @@ class Router(EngineLoop):
                 self._abort_prefill(p)
                 self._finish(p, now, ok=False, error=f"prefill rank {i} is not taking requests")
                 return
+
+    def _never_fits(self, prompt_len: int, max_tokens: int) -> str | None:
+        """Why no worker could ever schedule this request (from the limits each
+        reported in its ``pong``), or None: refused now rather than at the
+        request timeout."""
+        for name, info in [
+            *((f"prefill rank {i}", self.info[i]) for i in range(len(self.prefill))),
+            ("the decode engine", self.info[-1]),
+        ]:
+            limits = info.get("limits")
+            if not isinstance(limits, dict):
+                continue  # a worker that does not say: it refuses at its own intake
+            positions, blocks, size = (
+                limits.get(k) for k in ("max_positions", "num_blocks", "block_size")
+            )
+            if isinstance(positions, int) and prompt_len + max_tokens > positions:
+                return f"{prompt_len} + {max_tokens} tokens exceed {name}'s {positions} positions"
+            if isinstance(blocks, int) and isinstance(size, int) and size > 0:
+                need = -(-prompt_len // size)
+                if need > blocks:
+                    return f"a {prompt_len}-token prompt needs {need} blocks; {name} holds {blocks}"
+        return None
 
     def _finish(
         self,
@@ -272,6 +307,8 @@ class Router(EngineLoop):
         p = self.pending.get(str(msg.get("req_id")))
         if p is None or p.stage != "decode":
             return
+        if not msg.get("ok"):  # D will not read (or no longer needs) P's blocks
+            self._abort_prefill(p)
         if op == "decoded":
             self._finish(
                 p,
@@ -301,8 +338,10 @@ class Router(EngineLoop):
         limit = self.opts.request_timeout
         for p in list(self.pending.values()):
             if now - p.started > limit:
-                if p.stage == "prefill":
-                    self._abort_prefill(p)
+                # give up everywhere, so nothing stays held for an answer no one awaits
+                self._abort_prefill(p)
+                if p.stage == "decode":
+                    self.decode.send({"op": "abort", "req_id": p.req_id})
                 self._finish(
                     p, now, ok=False, error=f"no answer within {limit:g} s (stage {p.stage})"
                 )
