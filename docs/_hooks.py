@@ -1,0 +1,149 @@
+"""mkdocs hooks: the site's pages that live elsewhere in the repository are
+generated at build time, never copied into ``docs/``.
+
+- each ``## `` section of ``README.md`` becomes a page under ``guide/`` (the
+  text before the first section is the home page);
+- ``spec/lease-protocol.md`` becomes ``spec.md``, ``CHANGELOG.md`` ``changelog.md``;
+- one API reference page per subpackage (mkdocstrings ``:::`` blocks);
+- the navigation is built from them, so a README section added or renamed
+  shows up without editing ``mkdocs.yml``.
+
+Links are rewritten for the site: a link to another generated page points at
+it, a link to any other file of the repository points at the repository.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from pathlib import Path
+from typing import Any
+
+from mkdocs.structure.files import File, Files
+
+ROOT = Path(__file__).resolve().parent.parent
+REPO = "https://github.com/leaseproto/leaseproto/blob/main/"
+
+#: API reference: page -> (title, modules documented on it).
+API: dict[str, tuple[str, tuple[str, ...]]] = {
+    "api/index.md": ("leaseproto", ("leaseproto",)),
+    "api/core.md": (
+        "leaseproto.core",
+        (
+            "leaseproto.core.config",
+            "leaseproto.core.table",
+            "leaseproto.core.tracker",
+            "leaseproto.core.clock",
+            "leaseproto.core.wire",
+            "leaseproto.core.peer",
+            "leaseproto.core.events",
+            "leaseproto.core.errors",
+            "leaseproto.core.state",
+            "leaseproto.core.rules",
+        ),
+    ),
+    "api/workers.md": (
+        "leaseproto.workers",
+        (
+            "leaseproto.workers.cluster",
+            "leaseproto.workers.messages",
+            "leaseproto.workers.plane",
+            "leaseproto.workers.metrics",
+        ),
+    ),
+    "api/sim.md": ("leaseproto.sim", ("leaseproto.sim",)),
+    "api/scenarios.md": (
+        "leaseproto.scenarios",
+        ("leaseproto.scenarios.format", "leaseproto.scenarios.replay"),
+    ),
+    "api/vllm.md": ("leaseproto.integrations.vllm", ("leaseproto.integrations.vllm",)),
+}
+
+_FENCE = re.compile(r"^(```|~~~)")
+_LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def _slug(title: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", title.lower().replace("`", "")).strip("-")
+
+
+def readme_sections() -> tuple[str, list[tuple[str, str]]]:
+    """README's text before the first section, and its sections (title, text)."""
+    head: list[str] = []
+    sections: list[tuple[str, list[str]]] = []
+    fenced = False
+    for line in (ROOT / "README.md").read_text(encoding="utf-8").splitlines():
+        if _FENCE.match(line):
+            fenced = not fenced
+        if not fenced and line.startswith("## "):
+            sections.append((line[3:].strip(), []))
+            continue
+        (sections[-1][1] if sections else head).append(line)
+    return "\n".join(head), [(t, "\n".join(body)) for t, body in sections]
+
+
+def _pages() -> dict[str, tuple[str, str]]:
+    """Every generated page: its path under the site -> (its source in the repo, text)."""
+    head, sections = readme_sections()
+    pages = {"index.md": ("README.md", head)}
+    for title, body in sections:
+        pages[f"guide/{_slug(title)}.md"] = ("README.md", f"# {title}\n{body}")
+    pages["spec.md"] = ("spec/lease-protocol.md", _read("spec/lease-protocol.md"))
+    pages["changelog.md"] = ("CHANGELOG.md", _read("CHANGELOG.md"))
+    for page, (title, modules) in API.items():
+        blocks = "\n\n".join(f"::: {m}" for m in modules)
+        pages[page] = ("", f"# {title}\n\n{blocks}\n")
+    return pages
+
+
+def _read(path: str) -> str:
+    return (ROOT / path).read_text(encoding="utf-8")
+
+
+def _rewrite(text: str, source: str, page: str, anchors: dict[str, str]) -> str:
+    """Links of ``text`` (from repository file ``source``) as seen from ``page``."""
+    here = posixpath.dirname(page)
+    src_dir = posixpath.dirname(source)
+
+    def target(link: str) -> str:
+        if re.match(r"[a-z]+:", link):
+            return link
+        path, _, anchor = link.partition("#")
+        if not path:  # an anchor on the same source file
+            moved = anchors.get(anchor)
+            return link if moved is None or moved == page else posixpath.relpath(moved, here)
+        repo_path = posixpath.normpath(posixpath.join(src_dir, path))
+        site = {"spec/lease-protocol.md": "spec.md", "CHANGELOG.md": "changelog.md"}.get(repo_path)
+        if site is None and repo_path.startswith("docs/") and repo_path.endswith(".md"):
+            site = repo_path.removeprefix("docs/")
+        if site is None:
+            return REPO + repo_path + (f"#{anchor}" if anchor else "")
+        return posixpath.relpath(site, here) + (f"#{anchor}" if anchor else "")
+
+    return _LINK.sub(lambda m: f"]({target(m.group(1))})", text)
+
+
+def on_config(config: Any) -> Any:
+    _, sections = readme_sections()
+    config["nav"] = [
+        {"Home": "index.md"},
+        {"Guide": [{t.replace("`", ""): f"guide/{_slug(t)}.md"} for t, _ in sections]},
+        {"Specification": "spec.md"},
+        {"vLLM": "vllm.md"},
+        {"Metrics": "metrics.md"},
+        {"API reference": [{title: page} for page, (title, _) in API.items()]},
+        {"Changelog": "changelog.md"},
+    ]
+    return config
+
+
+def on_files(files: Files, config: Any) -> Files:
+    pages = _pages()
+    # README's own anchors (#running-workers) now live on their section's page
+    anchors = {_slug(t): f"guide/{_slug(t)}.md" for t, _ in readme_sections()[1]}
+    for name in [f.src_uri for f in files if f.src_uri.startswith("_")]:
+        files.remove(files.get_file_from_path(name))  # type: ignore[arg-type]
+    for page, (source, text) in pages.items():
+        content = _rewrite(text, source, page, anchors if source == "README.md" else {})
+        files.append(File.generated(config, page, content=content))
+    return files
