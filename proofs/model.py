@@ -73,6 +73,7 @@ LEASE_FIELDS = {
     "deadline": Real,
     "cap_at": Real,
     "consumers": Int,
+    "readers": Int,
     "done": Int,
     "lr": Real,
     "has_lr": Bool,
@@ -120,6 +121,7 @@ def lease_system(cap: bool) -> System:
             ttl=a.ttl,
             deadline=R.grant_deadline(a.t, a.ttl),
             consumers=a.consumers,
+            readers=a.consumers,
             done=0,
             has_lr=False,
             grants=s.grants + 1,
@@ -139,8 +141,10 @@ def lease_system(cap: bool) -> System:
         return u
 
     def transfer_upd(s: Any, a: Any, p: Any) -> dict[str, Any]:
-        u = timed(s, a.t, R.transfer_done_state(s.st, s.done, s.consumers))
+        # n: the notification's readers (the granted consumers when it carries none)
+        u = timed(s, a.t, R.transfer_done_state(s.st, s.done, a.n))
         u["done"] = R.transfer_done_count(s.st, s.done)
+        u["readers"] = z3.If(s.st == GRANTED, a.n, s.readers)
         return u
 
     def expire_upd(s: Any, a: Any, p: Any) -> dict[str, Any]:
@@ -173,12 +177,12 @@ def lease_system(cap: bool) -> System:
         ),
         Transition(
             "transfer_done",
-            "one transfer-done notification: transfer_done(req, now=t)",
-            t_only,
-            later,
+            "one transfer-done notification: transfer_done(req, now=t, readers=n)",
+            {"t": Real, "n": Int},
+            lambda s, a, p: z3.And(later(s, a, p), a.n >= 1),
             transfer_upd,
             witness=lambda s, s2, a, p: z3.And(
-                s.st == GRANTED, s2.st == TRANSFERRED, s.consumers > 1
+                s.st == GRANTED, s2.st == TRANSFERRED, a.n > 1, s.consumers != a.n
             ),
             outputs=lambda s, a, p: rel_out(s, a, p, transfer_upd),
         ),

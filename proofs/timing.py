@@ -78,7 +78,7 @@ import z3
 from leaseproto.core import rules as R
 
 from .invariants import Invariant
-from .model import ABSENT, EXPIRED, GRANTED, Theorem
+from .model import ABSENT, EXPIRED, GRANTED, Theorem, ended
 from .timing_model import Options, build, drift, hq, vmax
 
 __all__ = ["invariants_for", "systems", "theorems"]
@@ -252,6 +252,28 @@ def _i8(s: Any, p: Any) -> Any:
     return z3.Implies(z3.Not(s.silent), s.st != EXPIRED)
 
 
+def _reads(s: Any, p: Any) -> Any:
+    return z3.And(
+        s.rd >= 0,
+        s.rd <= 2,
+        s.done >= 0,
+        z3.Implies(s.rd == 0, z3.Not(z3.Or(s.rbad, s.okv, s.nkv, s.used))),
+        z3.Implies(s.rd == 1, z3.Not(z3.Or(s.rbad, s.okv, s.nkv, s.used))),
+        z3.Implies(s.rd >= 1, s.st != ABSENT),
+        z3.Implies(s.rbad, ended(s.st)),
+    )
+
+
+def _i13(s: Any, p: Any) -> Any:
+    return z3.And(z3.Implies(s.okv, z3.Not(s.rbad)), z3.Implies(s.used, z3.Not(s.rbad)))
+
+
+def _i13_verdict(s: Any, s2: Any, a: Any, p: Any, *, t: Any, out: Any) -> Any:
+    if t.name != "p_td":
+        return z3.BoolVal(True)
+    return out["ok"] == (s.st == GRANTED)
+
+
 def _inv(iid: str, system: str, text: str, pred: Any) -> Invariant:
     return Invariant(iid, system, "state", text, pred)
 
@@ -282,6 +304,23 @@ def invariants_for(
             _i11,
         ),
         _inv("I5", name, "without renewals the lease is freed by tg + L/(1-rho) + S_P", _i5),
+        _inv("L10", name, "D's read: started after the grant; bad only if the lease ended", _reads),
+        _inv(
+            "I13",
+            name,
+            "verified reads: an OK is never sent for, and D never uses, a read that "
+            "overlapped the lease's end (any readers n, duplicated or replayed "
+            "transfer-dones, aborts)",
+            _i13,
+        ),
+        Invariant(
+            "I13",
+            name,
+            "step",
+            "every transfer-done P handles is answered OK exactly when the lease is "
+            "live (GRANTED), NK after it ended",
+            _i13_verdict,
+        ),
         _inv("I6", name, "the lease is freed by max(tg + L/(1-rho), th + E/(1-rho)) + S_P", _i6),
     ]
     if schedule:

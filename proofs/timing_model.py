@@ -30,6 +30,22 @@ Transitions (each instantaneous at ``tau``):
                 obligation of every heartbeat but the oldest unprocessed one is
                 sound: an obligation only removes behaviours.
 ``d_stop``      D goes silent for this request (crashed, or no longer needs it).
+``read_start``  D starts its RDMA READ of the blocks (any time after the grant:
+                D may be stalled past the deadline).
+``read_end``    the READ completes; its bytes are good exactly when the lease had
+                not ended by then (ended states are absorbing, so "ended at any
+                instant of the read" is "ended at its end": ghost ``rbad``).
+                NIXL delivers the READ's transfer-done only after this.
+``p_td``        P handles a transfer-done of *this* read -- the first copy or a
+                duplicated / replayed one, any number of times -- carrying any
+                ``n >= 1`` readers (``transfer_done_state`` with ``n``), and sends
+                the verdict ``transfer_verdict_ok`` to D (ghosts ``okv``/``nkv``:
+                an OK / NK for this read was sent).
+``p_td_other``  P handles any other transfer-done naming the request: the other
+                D ranks' (multiple readers), replays of them, forged ones; any ``n``.
+``p_abort``     P handles an abort naming the request, from anywhere.
+``d_use``       D uses what it read (emits a token from it) on an OK verdict for
+                this read (ghost ``used``).
 ``advance``     real time passes by ``dt``; each side either steps throughout
                 with no effect (``p_busy``/``d_busy``: a run of steps that expire
                 nothing / send nothing, which by monotone clocks is checked at the
@@ -48,7 +64,7 @@ from leaseproto.core import rules as R
 from leaseproto.core.state import Input
 
 from .kit import Bool, Int, Real, System, Transition
-from .model import ABSENT, allowed, release_fired
+from .model import ABORTED, ABSENT, GRANTED, TRANSFERRED, allowed, ended, release_fired
 
 #: Bounds a counterexample may let the actual system exceed.
 BOUNDS = ("R", "K", "SD", "SP", "dl", "rho")
@@ -84,6 +100,12 @@ FIELDS = {
     "hash": Bool,
     "ch": Real,
     "th": Real,
+    "done": Int,
+    "rd": Int,
+    "rbad": Bool,
+    "okv": Bool,
+    "nkv": Bool,
+    "used": Bool,
 }
 
 
@@ -169,6 +191,12 @@ def build(opts: Options = Options()) -> System:
             z3.Not(s.hash),
             s.lastP == s.tau,
             s.lastDs == s.tau,
+            s.done == 0,
+            s.rd == 0,
+            z3.Not(s.rbad),
+            z3.Not(s.okv),
+            z3.Not(s.nkv),
+            z3.Not(s.used),
         )
 
     def reaper_clock(s: Any) -> Any:
@@ -200,9 +228,24 @@ def build(opts: Options = Options()) -> System:
             "deadline": R.grant_deadline(s.cP, p.L),
             "cg": s.cP,
             "tg": s.tau,
+            "done": 0,
         }
         if opts.cap:
             u["cap_at"] = s.cP + p.C
+        return u
+
+    def ends(s: Any, st2: Any) -> dict[str, Any]:
+        return {"st": st2, "tend": z3.If(release_fired(s.st, st2), s.tau, s.tend)}
+
+    def transfer(s: Any, a: Any) -> dict[str, Any]:
+        u = ends(s, R.transfer_done_state(s.st, s.done, a.n))
+        u["done"] = R.transfer_done_count(s.st, s.done)
+        return u
+
+    def p_td(s: Any, a: Any, p: Any) -> dict[str, Any]:
+        ok = R.transfer_verdict_ok(s.st)  # decided on the state P handles it in
+        u = transfer(s, a)
+        u.update(okv=z3.Or(s.okv, ok), nkv=z3.Or(s.nkv, z3.Not(ok)))
         return u
 
     def track_guard(s: Any, a: Any, p: Any) -> Any:
@@ -358,6 +401,54 @@ def build(opts: Options = Options()) -> System:
             {},
             lambda s, a, p: z3.Not(s.silent),
             lambda s, a, p: {"silent": True, "tsil": s.tau},
+        ),
+        Transition(
+            "read_start",
+            "D starts reading the blocks",
+            {},
+            lambda s, a, p: z3.And(s.rd == 0, s.st != ABSENT),
+            lambda s, a, p: {"rd": 1},
+        ),
+        Transition(
+            "read_end",
+            "D's READ completes",
+            {},
+            lambda s, a, p: s.rd == 1,
+            lambda s, a, p: {"rd": 2, "rbad": ended(s.st)},
+            witness=lambda s, s2, a, p: s2.rbad,
+        ),
+        Transition(
+            "p_td",
+            "P handles a transfer-done of this read (or a duplicate) and answers it",
+            {"n": Int},
+            lambda s, a, p: z3.And(s.rd == 2, a.n >= 1),
+            p_td,
+            witness=lambda s, s2, a, p: z3.And(s.st == GRANTED, s2.st == GRANTED, a.n > 1),
+            outputs=lambda s, a, p: {"ok": R.transfer_verdict_ok(s.st)},
+        ),
+        Transition(
+            "p_td_other",
+            "P handles another reader's (or a replayed) transfer-done",
+            {"n": Int},
+            lambda s, a, p: z3.And(s.st != ABSENT, a.n >= 1),
+            lambda s, a, p: transfer(s, a),
+            witness=lambda s, s2, a, p: z3.And(s.st == GRANTED, s2.st == TRANSFERRED),
+        ),
+        Transition(
+            "p_abort",
+            "P handles an abort naming the request",
+            {},
+            lambda s, a, p: s.st != ABSENT,
+            lambda s, a, p: ends(s, R.abort_state(s.st)),
+            witness=lambda s, s2, a, p: s2.st == ABORTED,
+        ),
+        Transition(
+            "d_use",
+            "D uses what it read, on an OK verdict",
+            {},
+            lambda s, a, p: z3.And(s.rd == 2, s.okv),
+            lambda s, a, p: {"used": True},
+            witness=lambda s, s2, a, p: s2.used,
         ),
         Transition(
             "advance",

@@ -213,6 +213,18 @@ MUTATIONS: dict[str, tuple[Any, str, str]] = {
         "I9",
         "I9 admitted read is before the peer's deadline",
     ),
+    "an ended lease's transfer-done is answered OK": (
+        lambda mp: mp.setattr(rules, "transfer_verdict_ok", lambda state: state != rules.ABSENT),
+        "I13",
+        "I13 preserved by p_td",
+    ),
+    "a partial count is answered NK": (
+        lambda mp: mp.setattr(
+            rules, "transfer_verdict_ok", lambda state: conj(state == rules.GRANTED, False)
+        ),
+        "I13",
+        "I13 holds across p_td",
+    ),
     "read gate does not age the sample": (
         lambda mp: mp.setattr(rules, "aged_uncertainty", lambda unc, age, rho: unc),
         "I9",
@@ -227,7 +239,7 @@ def test_a_broken_rule_fails_the_proofs_naming_the_invariant(
 ) -> None:
     patch, iid, label = MUTATIONS[name]  # sound before: test_every_obligation_is_ok
     patch(monkeypatch)
-    system = {"I7": "lease-cap", "I9": "gate", "I11": "engine"}.get(iid, "lease")
+    system = {"I7": "lease-cap", "I9": "gate", "I11": "engine", "I13": "timing"}.get(iid, "lease")
     status, out = run_check(only=iid, system=system)
     assert status == 1
     fails = [ln for ln in out.splitlines() if ln.startswith("FAIL [")]

@@ -78,6 +78,7 @@ def fresh(now: float) -> dict[str, Any]:
         "deadline": 0,
         "cap_at": 0,
         "consumers": 0,
+        "readers": 0,
         "done": 0,
         "lr": 0,
         "has_lr": False,
@@ -104,7 +105,7 @@ def observe(
     info = table.lease_info(rid)
     if info is not None:
         obs["st"] = model.GRANTED
-        for key in ("granted_at", "deadline", "cap_at", "consumers", "done"):
+        for key in ("granted_at", "deadline", "cap_at", "consumers", "readers", "done"):
             if info[key] is not None:
                 obs[key] = info[key]
         obs["has_lr"] = info["last_renewal"] is not None
@@ -134,7 +135,9 @@ op = st.one_of(
         st.integers(1, 3),
     ),
     st.tuples(st.just("renew"), st.lists(st.sampled_from(IDS), max_size=4), quarter),
-    st.tuples(st.just("transfer_done"), st.sampled_from(IDS), quarter),
+    st.tuples(
+        st.just("transfer_done"), st.sampled_from(IDS), st.none() | st.integers(1, 3), quarter
+    ),
     st.tuples(st.just("abort"), st.sampled_from(IDS), quarter),
     st.tuples(st.just("expire"), quarter),
 )
@@ -185,9 +188,17 @@ def test_lease_table_refines_the_lease_model(cap: bool, ops: list[tuple[Any, ...
             table.renew(rest[0], now=now)
             for rid in set(rest[0]):
                 steps[rid] = "renew"
-        elif kind in ("transfer_done", "abort"):
+        elif kind == "transfer_done":
+            rid, readers = rest[0], rest[1]
+            out = table.transfer_done(rid, now=now, readers=readers)
+            if isinstance(out, Release):
+                released[rid] = out
+            steps[rid] = kind
+            # the model's n: the notification's readers, else the granted consumers
+            args[rid]["n"] = readers if readers is not None else max(1, state[rid]["consumers"])
+        elif kind == "abort":
             rid = rest[0]
-            out = getattr(table, kind)(rid, now=now)
+            out = table.abort(rid, now=now)
             if isinstance(out, Release):
                 released[rid] = out
             steps[rid] = kind

@@ -12,8 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from leaseproto import HeartbeatTracker, LeaseConfig, LocalProtocolError, wire
-from leaseproto.core.state import TRANSITIONS, Guard, Input, LeaseState, Transition
+from leaseproto import HeartbeatTracker, LeaseConfig, LocalProtocolError, ReleaseReason, wire
+from leaseproto.core.state import (
+    ENDED_STATES,
+    REGRANT,
+    TRANSITIONS,
+    Guard,
+    Input,
+    LeaseState,
+    Transition,
+)
 from leaseproto.scenarios import diagram as dg
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -90,8 +98,30 @@ def test_missing_rows_show_as_local_misuse() -> None:
     art = dg.lease_ascii()
     for state in LeaseState:
         for inp in Input:
-            if (state, inp) not in TRANSITIONS:
+            if (state, inp) not in TRANSITIONS and not (
+                inp is Input.GRANT and state in ENDED_STATES
+            ):
                 assert re.search(rf"{inp.value}\s+\(not allowed: local misuse\)", art)
+
+
+def test_regrant_of_an_ended_id_is_one_thing_in_diagram_spec_and_code() -> None:
+    # the diagram: an ended lease's "grant" row names the new lease, not misuse
+    art = dg.lease_ascii()
+    for state in ENDED_STATES:
+        assert re.search(rf"{state.name}\s+grant\s+{re.escape(REGRANT)}", art), state
+    assert "GRANTED      grant               (not allowed: local misuse)" in art
+    assert "forget" in _section(_spec(), "6.1") and "ABSENT" in _section(_spec(), "6.1")
+    # the code: the tombstone goes, the id is a fresh lease; a live one is misuse
+    from leaseproto import LeaseTable
+
+    t = LeaseTable()
+    t.grant("a", now=0.0, consumers=2)
+    t.abort("a", now=1.0)
+    assert t.ended("a") is ReleaseReason.ABORTED
+    assert t.grant("a", now=2.0) is None
+    assert t.ended("a") is None and t.lease_info("a")["done"] == 0  # type: ignore[index]
+    with pytest.raises(LocalProtocolError, match="live"):
+        t.grant("a", now=3.0)
 
 
 # -- D's machines, checked against the tracker ---------------------------------------------------

@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum, IntEnum
 
-__all__ = ["TRANSITIONS", "Guard", "Input", "LeaseState", "Transition"]
+__all__ = ["REGRANT", "TRANSITIONS", "Guard", "Input", "LeaseState", "Transition"]
 
 
 class LeaseState(IntEnum):
@@ -48,6 +48,14 @@ class LeaseState(IntEnum):
 
 #: States a lease ends in; each is absorbing.
 ENDED_STATES = frozenset({LeaseState.TRANSFERRED, LeaseState.EXPIRED, LeaseState.ABORTED})
+
+#: What a grant for an id whose lease has ended does (spec §6.1). It is not a
+#: transition of the ended lease, which stays ended: P forgets its tombstone,
+#: the id is ``ABSENT`` again (a new instance), and ``GRANT`` starts a new lease
+#: from there. Request ids are unique per grant (A7), so no notification meant
+#: for the old instance can reach the new one; a caller that re-grants on
+#: purpose (vLLM overwrites an entry for the same request and blocks) keeps that.
+REGRANT = "new lease: forget the tombstone, then ABSENT --grant--> GRANTED"
 
 
 class Input(Enum):

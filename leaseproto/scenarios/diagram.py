@@ -17,7 +17,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from ..core.state import TRANSITIONS, Guard, Input, LeaseState, Transition
+from ..core.state import ENDED_STATES, REGRANT, TRANSITIONS, Guard, Input, LeaseState, Transition
 
 __all__ = [
     "BLOCKS",
@@ -113,7 +113,9 @@ def lease_ascii(table: Table = TRANSITIONS) -> str:
         first = True
         for inp in Input:
             t = table.get((state, inp))
-            if t is None:
+            if t is None and inp is Input.GRANT and state in ENDED_STATES:
+                text = REGRANT
+            elif t is None:
                 text = "(not allowed: local misuse)"
             elif t.target == state:
                 guard = "" if t.guard is Guard.ALWAYS else f" [{t.guard.value}]"
