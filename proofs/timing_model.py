@@ -100,6 +100,10 @@ FIELDS = {
     "hash": Bool,
     "ch": Real,
     "th": Real,
+}
+
+#: Fields of D's read and P's verdicts, in systems built with ``reads=True``.
+READ_FIELDS = {
     "done": Int,
     "rd": Int,
     "rbad": Bool,
@@ -118,6 +122,9 @@ class Options:
 
     cap: bool = False
     strays: str = "free"
+    #: add D's READ, P's transfer-done handling with verdicts, other readers'
+    #: and replayed transfer-dones, aborts, and D's use of a read (I13)
+    reads: bool = False
     assume: frozenset[str] = frozenset({"T1", "T2"})
     actual: frozenset[str] = frozenset()
     naive: str | None = None
@@ -191,12 +198,11 @@ def build(opts: Options = Options()) -> System:
             z3.Not(s.hash),
             s.lastP == s.tau,
             s.lastDs == s.tau,
-            s.done == 0,
-            s.rd == 0,
-            z3.Not(s.rbad),
-            z3.Not(s.okv),
-            z3.Not(s.nkv),
-            z3.Not(s.used),
+            *(
+                (s.done == 0, s.rd == 0, *(z3.Not(s[f]) for f in ("rbad", "okv", "nkv", "used")))
+                if opts.reads
+                else ()
+            ),
         )
 
     def reaper_clock(s: Any) -> Any:
@@ -228,8 +234,9 @@ def build(opts: Options = Options()) -> System:
             "deadline": R.grant_deadline(s.cP, p.L),
             "cg": s.cP,
             "tg": s.tau,
-            "done": 0,
         }
+        if opts.reads:
+            u["done"] = 0
         if opts.cap:
             u["cap_at"] = s.cP + p.C
         return u
@@ -403,54 +410,6 @@ def build(opts: Options = Options()) -> System:
             lambda s, a, p: {"silent": True, "tsil": s.tau},
         ),
         Transition(
-            "read_start",
-            "D starts reading the blocks",
-            {},
-            lambda s, a, p: z3.And(s.rd == 0, s.st != ABSENT),
-            lambda s, a, p: {"rd": 1},
-        ),
-        Transition(
-            "read_end",
-            "D's READ completes",
-            {},
-            lambda s, a, p: s.rd == 1,
-            lambda s, a, p: {"rd": 2, "rbad": ended(s.st)},
-            witness=lambda s, s2, a, p: s2.rbad,
-        ),
-        Transition(
-            "p_td",
-            "P handles a transfer-done of this read (or a duplicate) and answers it",
-            {"n": Int},
-            lambda s, a, p: z3.And(s.rd == 2, a.n >= 1),
-            p_td,
-            witness=lambda s, s2, a, p: z3.And(s.st == GRANTED, s2.st == GRANTED, a.n > 1),
-            outputs=lambda s, a, p: {"ok": R.transfer_verdict_ok(s.st)},
-        ),
-        Transition(
-            "p_td_other",
-            "P handles another reader's (or a replayed) transfer-done",
-            {"n": Int},
-            lambda s, a, p: z3.And(s.st != ABSENT, a.n >= 1),
-            lambda s, a, p: transfer(s, a),
-            witness=lambda s, s2, a, p: z3.And(s.st == GRANTED, s2.st == TRANSFERRED),
-        ),
-        Transition(
-            "p_abort",
-            "P handles an abort naming the request",
-            {},
-            lambda s, a, p: s.st != ABSENT,
-            lambda s, a, p: ends(s, R.abort_state(s.st)),
-            witness=lambda s, s2, a, p: s2.st == ABORTED,
-        ),
-        Transition(
-            "d_use",
-            "D uses what it read, on an OK verdict",
-            {},
-            lambda s, a, p: z3.And(s.rd == 2, s.okv),
-            lambda s, a, p: {"used": True},
-            witness=lambda s, s2, a, p: s2.used,
-        ),
-        Transition(
             "advance",
             "real time passes",
             {"dt": Real, "cP2": Real, "cD2": Real, "cW2": Real, "p_busy": Bool, "d_busy": Bool},
@@ -459,9 +418,64 @@ def build(opts: Options = Options()) -> System:
             witness=lambda s, s2, a, p: z3.And(a.p_busy, a.d_busy, s.tracked),
         ),
     ]
+    if opts.reads:
+        transitions += [
+            Transition(
+                "read_start",
+                "D starts reading the blocks",
+                {},
+                lambda s, a, p: z3.And(s.rd == 0, s.st != ABSENT),
+                lambda s, a, p: {"rd": 1},
+            ),
+            Transition(
+                "read_end",
+                "D's READ completes",
+                {},
+                lambda s, a, p: s.rd == 1,
+                lambda s, a, p: {"rd": 2, "rbad": ended(s.st)},
+                witness=lambda s, s2, a, p: s2.rbad,
+            ),
+            Transition(
+                "p_td",
+                "P handles a transfer-done of this read (or a duplicate) and answers it",
+                {"n": Int},
+                lambda s, a, p: z3.And(s.rd == 2, a.n >= 1),
+                p_td,
+                witness=lambda s, s2, a, p: z3.And(s.st == GRANTED, s2.st == GRANTED, a.n > 1),
+                outputs=lambda s, a, p: {"ok": R.transfer_verdict_ok(s.st)},
+            ),
+            Transition(
+                "p_td_other",
+                "P handles another reader's (or a replayed) transfer-done",
+                {"n": Int},
+                lambda s, a, p: z3.And(s.st != ABSENT, a.n >= 1),
+                lambda s, a, p: transfer(s, a),
+                witness=lambda s, s2, a, p: z3.And(s.st == GRANTED, s2.st == TRANSFERRED),
+            ),
+            Transition(
+                "p_abort",
+                "P handles an abort naming the request",
+                {},
+                lambda s, a, p: s.st != ABSENT,
+                lambda s, a, p: ends(s, R.abort_state(s.st)),
+                witness=lambda s, s2, a, p: s2.st == ABORTED,
+            ),
+            Transition(
+                "d_use",
+                "D uses what it read, on an OK verdict",
+                {},
+                lambda s, a, p: z3.And(s.rd == 2, s.okv),
+                lambda s, a, p: {"used": True},
+                witness=lambda s, s2, a, p: s2.used,
+            ),
+        ]
     name = (
-        "timing" + ("-cap" if opts.cap else "") + ("-bounded" if opts.strays == "bounded" else "")
+        "timing"
+        + ("-cap" if opts.cap else "")
+        + ("-bounded" if opts.strays == "bounded" else "")
+        + ("-reads" if opts.reads else "")
     )
     if opts.naive:
         name += f"-naive-{opts.naive}"
-    return System(name, "P and D in real time", dict(FIELDS), params, axioms, init, transitions)
+    fields = {**FIELDS, **(READ_FIELDS if opts.reads else {})}
+    return System(name, "P and D in real time", fields, params, axioms, init, transitions)

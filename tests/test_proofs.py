@@ -239,7 +239,9 @@ def test_a_broken_rule_fails_the_proofs_naming_the_invariant(
 ) -> None:
     patch, iid, label = MUTATIONS[name]  # sound before: test_every_obligation_is_ok
     patch(monkeypatch)
-    system = {"I7": "lease-cap", "I9": "gate", "I11": "engine", "I13": "timing"}.get(iid, "lease")
+    system = {"I7": "lease-cap", "I9": "gate", "I11": "engine", "I13": "timing-reads"}.get(
+        iid, "lease"
+    )
     status, out = run_check(only=iid, system=system)
     assert status == 1
     fails = [ln for ln in out.splitlines() if ln.startswith("FAIL [")]

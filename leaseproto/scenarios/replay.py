@@ -133,10 +133,12 @@ class _Replay(World):
         head = f"recv {show(payload)} (sent {fmt(sent)})"
         if isinstance(msg, wire.Heartbeat):
             outcomes: dict[str, list[str]] = {}  # what happened -> ids, in order
+            answers: list[str] = []  # advisory lease-lost answers (spec §8.2)
             for rid in msg.ids:
                 old = tab.deadline(rid)
                 before = tab.stats
-                if tab.renew([rid], now=now):
+                lost: list[str] = []
+                if tab.renew([rid], now=now, lost=lost):
                     new = tab.deadline(rid)
                     what = (
                         f"renewed {fmt(old)}->{fmt(new)}"
@@ -145,9 +147,14 @@ class _Replay(World):
                     )
                 else:
                     what = _ignored(before, tab.stats)
+                for gone in lost:
+                    ll = wire.lease_lost(gone, tab.lost_reason(gone, now=now))
+                    answers.append(wire.encode(ll)[0].decode())
                 outcomes.setdefault(what, []).append(rid)
             text = "; ".join(f"{', '.join(ids)} {what}" for what, ids in outcomes.items())
-            self._emit(r.name, "heartbeat", f"{head}: {text}", ids=list(msg.ids))
+            if answers:
+                text += f"; P answers {', '.join(answers)} (advisory)"
+            self._emit(r.name, "heartbeat", f"{head}: {text}", ids=list(msg.ids), lost=answers)
         elif isinstance(msg, wire.TransferDone):
             res = tab.transfer_done(msg.req_id, now=now, readers=msg.count)
             answer = wire.encode(wire.verdict(msg.req_id, res))[0].decode()
