@@ -5,6 +5,8 @@ heartbeat (D), so one request's lease history is in the logs."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 
 import pytest
 from e2e_workers import Cluster, prompts, run_batch, spec
@@ -25,3 +27,19 @@ def test_debug_logs_show_renewals_and_metrics_ports() -> None:
         for w in cluster.workers():
             port = w.info["metrics_port"]
             assert f"metrics on http://127.0.0.1:{port}/metrics" in w.log_tail(5000), w.name
+        # and `leaseproto trace` puts that history together from the three logs
+        logs = [str(w.log_path) for w in cluster.workers()]
+        r = subprocess.run(
+            [sys.executable, "-m", "leaseproto", "trace", req, *logs],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+        )
+        assert r.returncode == 0, r.stderr
+        lines = r.stdout.splitlines()
+
+        def first(text: str) -> int:
+            return next(i for i, ln in enumerate(lines) if text in ln)
+
+        assert first("granted req") < first("renewed req") < first("released")

@@ -29,6 +29,7 @@ _COMMANDS: tuple[str, ...] = (
     "prove_cmd",
     "demo_cmd",
     "serve_cmd",
+    "trace_cmd",
 )
 
 
