@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import platform
 import statistics
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 
@@ -42,7 +43,10 @@ def us(seconds: float) -> str:
 
 
 def ratio(a: float, b: float) -> str:
-    return f"{a / b:.1f}x" if b > 0 else "-"
+    if b <= 0:
+        return "-"
+    r = a / b
+    return f"{r:.2f}x" if r < 10 else f"{r:.1f}x"
 
 
 def median(values: Sequence[float]) -> float:
@@ -52,3 +56,37 @@ def median(values: Sequence[float]) -> float:
 def pct(values: Sequence[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
+
+
+def load() -> str:
+    """The machine's 1/5/15-minute load averages, for the tables' captions."""
+    try:
+        one, five, fifteen = os.getloadavg()
+    except OSError:
+        return "load unknown"
+    return f"load {one:.2f} {five:.2f} {fifteen:.2f}"
+
+
+def interleaved(
+    sides: Sequence[Callable[[], object]], *, number: int, repeat: int
+) -> list[tuple[float, float]]:
+    """Per side, ``(thread CPU seconds, wall seconds)`` per call, each the best
+    of ``repeat`` batches of ``number`` calls. The sides take turns batch by
+    batch (the order alternating), so load from elsewhere on a shared machine
+    falls on all of them alike; thread CPU time (``time.thread_time_ns``)
+    leaves out the time other processes take the core."""
+    cpu = [float("inf")] * len(sides)
+    wall = [float("inf")] * len(sides)
+    order = list(range(len(sides)))
+    for r in range(repeat):
+        for k in order if r % 2 == 0 else reversed(order):
+            fn = sides[k]
+            w0 = time.perf_counter_ns()
+            c0 = time.thread_time_ns()
+            for _ in range(number):
+                fn()
+            c1 = time.thread_time_ns()
+            w1 = time.perf_counter_ns()
+            cpu[k] = min(cpu[k], (c1 - c0) * 1e-9 / number)
+            wall[k] = min(wall[k], (w1 - w0) * 1e-9 / number)
+    return list(zip(cpu, wall, strict=True))

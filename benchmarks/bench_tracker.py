@@ -19,10 +19,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-import timeit
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
-from _common import machine, ratio, table, us
+from _common import interleaved, load, machine, ratio, table, us
 
 from leaseproto import HeartbeatTracker, LeaseConfig
 
@@ -53,15 +52,11 @@ class UpstreamSchedule:
         return {e: list(ids) for e, ids in self.by_engine.items()}
 
 
-def best(fn: Callable[[], object], number: int) -> float:
-    """Seconds per call, best of 5 repeats."""
-    return min(timeit.repeat(fn, number=number, repeat=5)) / number
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=10_000)
     ap.add_argument("--engines", type=int, default=100)
+    ap.add_argument("--repeat", type=int, default=15, help="interleaved batches per side")
     args = ap.parse_args(argv)
     n, m = args.requests, args.engines
     tr = HeartbeatTracker(CFG)
@@ -81,6 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         tr.due(now=1.0 + clock[0])
 
     def up_idle() -> None:
+        clock[0] += 1e-7
         up.due(1.0 + clock[0])
 
     def ours_all() -> None:
@@ -92,9 +88,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         clock[0] += CFG.heartbeat_interval
         up.due(clock[0])
 
-    idle = (best(ours_idle, 20_000), best(up_idle, 20_000))
+    idle = interleaved([ours_idle, up_idle], number=20_000, repeat=args.repeat)
     clock[0] = 10.0
-    full = (best(ours_all, 200), best(up_all, 200))
+    full = interleaved([ours_all, up_all], number=200, repeat=args.repeat)
 
     k = [n]
 
@@ -110,17 +106,40 @@ def main(argv: Sequence[str] | None = None) -> int:
         up.untrack(rid, "prefill-0")
         k[0] += 1
 
-    churn = (best(ours_churn, 20_000), best(up_churn, 20_000))
+    churn = interleaved([ours_churn, up_churn], number=20_000, repeat=args.repeat)
     print(
         f"decode-side heartbeat schedule: {n:,} tracked requests over {m} engines; "
-        f"best of 5; {machine()}"
+        f"thread CPU time, best of {args.repeat} interleaved batches (wall time beside); "
+        f"{machine()}; {load()}"
     )
-    rows = [
-        ["due(): nothing due", us(idle[0]), us(idle[1]), ratio(idle[0], idle[1])],
-        ["due(): every engine due", us(full[0]), us(full[1]), ratio(full[0], full[1])],
-        ["track + untrack one request", us(churn[0]), us(churn[1]), ratio(churn[0], churn[1])],
-    ]
-    print(table(["step", "tracker µs", "upstream-style µs", "tracker / upstream"], rows))
+    rows = []
+    for label, ((oc, ow), (uc, uw)) in (
+        ("due(): nothing due", idle),
+        ("due(): every engine due", full),
+        ("track + untrack one request", churn),
+    ):
+        rows.append([label, us(oc), us(uc), ratio(oc, uc), us(ow), us(uw), ratio(ow, uw)])
+    print(
+        table(
+            [
+                "step",
+                "tracker CPU µs",
+                "upstream-style CPU µs",
+                "tracker / upstream (CPU)",
+                "tracker wall µs",
+                "upstream wall µs",
+                "tracker / upstream (wall)",
+            ],
+            rows,
+        )
+    )
+    (ic, _), (iuc, _) = idle
+    (cc, _), (cuc, _) = churn
+    print(
+        f"targets: nothing due no slower than upstream's global timer: "
+        f"{'met' if ic <= iuc else 'MISSED'} ({ratio(ic, iuc)}); track + untrack within 1.5x "
+        f"of upstream's sets: {'met' if cc <= 1.5 * cuc else 'MISSED'} ({ratio(cc, cuc)})"
+    )
     return 0
 
 

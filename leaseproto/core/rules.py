@@ -14,6 +14,11 @@ on a symbolic value would silently pick one branch in the proofs.
 
 from __future__ import annotations
 
+import sys
+import types
+import weakref
+from typing import Any
+
 from .state import TRANSITIONS, Guard, Input, LeaseState
 from .sym import conj, ite, vmax, vmin
 
@@ -164,3 +169,30 @@ def aged_uncertainty(uncertainty: N, age: N, rho: N) -> N:
     clock since the sample (at most ``age / (1 - rho)`` real seconds) move the
     offset by at most ``2 rho / (1 - rho) * age`` (about ``2 rho * age``)."""
     return uncertainty + 2 * rho / (1 - rho) * age
+
+
+# -- rebinding a rule ---------------------------------------------------------------------
+# The runtime keeps forms derived from these rules (the tracker's idle threshold, the
+# generated renew and expire loops of :mod:`.specialise`). A test that patches a rule
+# (``monkeypatch.setattr(rules, "renew_rule", broken)``) must change what runs, so
+# rebinding any name here bumps :data:`generation` and tells every watcher.
+generation = 0
+_watchers: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def watch(obj: Any) -> None:
+    """Call ``obj._rules_changed()`` whenever a name in this module is rebound
+    (held weakly)."""
+    _watchers.add(obj)
+
+
+class _RulesModule(types.ModuleType):
+    def __setattr__(self, name: str, value: object) -> None:
+        super().__setattr__(name, value)
+        if name != "generation":
+            super().__setattr__("generation", self.generation + 1)
+            for obj in list(_watchers):
+                obj._rules_changed()
+
+
+sys.modules[__name__].__class__ = _RulesModule

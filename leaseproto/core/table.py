@@ -13,10 +13,11 @@ import heapq
 import itertools
 import math
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import fields
 
 from . import rules as R
+from . import specialise
 from .checks import FIRST_NOW, advance, check_count, check_positive, check_wire_id
 from .config import LeaseConfig
 from .errors import LocalProtocolError
@@ -52,6 +53,13 @@ class LeaseTable:
         self._staged: OrderedDict[str, list[float]] = OrderedDict()
         self._last_now = FIRST_NOW
         self._c = dict.fromkeys((f.name for f in fields(TableStats)), 0)
+        # the loops generated from the rules (specialise), dropped when a rule is rebound
+        self._renew_loop: Callable[..., int] | None = None
+        self._expire_one: Callable[..., int | None] | None = None
+        R.watch(self)
+
+    def _rules_changed(self) -> None:
+        self._renew_loop = self._expire_one = None
 
     # -- helpers --------------------------------------------------------------------------
     def _clock(self, now: float) -> None:
@@ -184,32 +192,21 @@ class LeaseTable:
         caller can nack them and D fails over before it reads reused blocks.
         """
         self._clock(now)
-        ext = self.config.lease_extension
-        get = self._leases.get
-        rule = R.renew_rule  # looked up per call, so a patched rule takes effect
-        c = self._c
-        renewed = 0
-        for rid in req_ids:
-            lease = get(rid)
-            if lease is None:
-                ended = self._ended.get(rid)
-                if ended is None:
-                    c["renew_unknown"] += 1
-                    continue
-                c["renew_late"] += 1
-                if lost is not None and ended[0] != R.TRANSFERRED:
-                    lost.append(rid)
-                continue
-            applies, deadline = rule(lease.state, lease.deadline, lease.cap_at, now, ext)
-            if not applies:
-                c["renew_lapsed"] += 1
-                if lost is not None:
-                    lost.append(rid)
-                continue
-            lease.deadline = deadline
-            lease.last_renewal = now
-            renewed += 1
-        c["renewed"] += renewed
+        loop = self._renew_loop
+        if loop is None:
+            capped = self.config.max_lease_lifetime is not None
+            loop = self._renew_loop = specialise.renew_form(R.renew_rule, capped=capped).fn
+        renewed: int = loop(
+            req_ids,
+            self._leases.get,
+            self._ended.get,
+            now,
+            self.config.lease_extension,
+            lost,
+            self._c,
+            R.renew_rule,
+        )
+        self._c["renewed"] += renewed
         return renewed
 
     def transfer_done(

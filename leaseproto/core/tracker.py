@@ -27,6 +27,19 @@ from .errors import LocalProtocolError
 
 __all__ = ["HeartbeatTracker", "TrackerStats"]
 
+_INF = math.inf
+
+
+class _Requests(dict[str, str]):
+    """One engine's tracked requests, local id -> remote id, in tracking order;
+    knows its engine, so ``untrack`` finds both with one lookup."""
+
+    __slots__ = ("engine",)
+
+    def __init__(self, engine: str) -> None:
+        super().__init__()
+        self.engine = engine
+
 
 @dataclass(frozen=True, slots=True)
 class TrackerStats:
@@ -54,19 +67,27 @@ class HeartbeatTracker:
     def __init__(self, config: LeaseConfig | None = None) -> None:
         self.config = config if config is not None else LeaseConfig()
         # engine -> {local id: remote id}, in tracking order
-        self._by_engine: dict[str, dict[str, str]] = {}
-        # local id -> engine
-        self._engine_of: dict[str, str] = {}
-        # engine -> now of its last heartbeat
+        self._by_engine: dict[str, _Requests] = {}
+        # local id -> its engine's requests
+        self._engine_of: dict[str, _Requests] = {}
+        # engine -> now of its last heartbeat, oldest first (an engine sent to
+        # moves to the end, and ``now`` never decreases)
         self._last_sent: dict[str, float] = {}
-        # the oldest last heartbeat of any engine, or None when some engine
-        # never had one (or may be pending): a lower bound that lets a step in
-        # which nothing is due return at once (heartbeat_due is monotone in it)
-        self._oldest: float | None = None
+        # engine -> its place in _by_engine's order, so a step that visits only
+        # the due engines returns them in the order a full scan would
+        self._order: dict[str, int] = {}
+        # engines that never had a heartbeat, in tracking order
+        self._unsent: dict[str, None] = {}
+        self._next_order = 0
+        # the earliest ``now`` at which some engine can be due, derived from
+        # the rule (see _threshold); -inf while some engine never had a
+        # heartbeat (or is pending), +inf with no engine
+        self._next_at = -math.inf
+        # a patched rule (rules.watch) drops the threshold: derived again next step
+        R.watch(self)
         self._last_now = FIRST_NOW
+        self._tracked = 0
         self._c = {
-            "tracked": 0,
-            "untracked": 0,
             "heartbeats": 0,
             "heartbeat_ids": 0,
             "deferred": 0,
@@ -93,39 +114,94 @@ class HeartbeatTracker:
         check_wire_id(remote, self.config.max_id_bytes)
         if not isinstance(req_id, str):
             raise LocalProtocolError(f"request id must be a str, got {type(req_id).__name__}")
-        if req_id in self._engine_of:
+        engine_of = self._engine_of
+        if req_id in engine_of:
             raise LocalProtocolError(
-                f"request {req_id!r} is already tracked (engine {self._engine_of[req_id]!r})"
+                f"request {req_id!r} is already tracked (engine {engine_of[req_id].engine!r})"
             )
-        self._clock(now)
-        if engine_id not in self._by_engine:
-            self._oldest = None  # a new engine is due at once
-        self._by_engine.setdefault(engine_id, {})[req_id] = remote
-        self._engine_of[req_id] = engine_id
-        self._c["tracked"] += 1
+        try:
+            ok = self._last_now <= now < _INF and now != -_INF
+        except TypeError:
+            ok = False
+        if not ok:
+            self._clock(now)  # raises
+        self._last_now = now
+        try:
+            reqs = self._by_engine[engine_id]
+        except KeyError:
+            reqs = self._new_engine(engine_id)
+        reqs[req_id] = remote
+        engine_of[req_id] = reqs
+        self._tracked += 1
+
+    def _new_engine(self, engine_id: str) -> _Requests:
+        reqs = _Requests(engine_id)
+        self._by_engine[engine_id] = reqs
+        self._order[engine_id] = self._next_order
+        self._next_order += 1
+        self._unsent[engine_id] = None
+        self._next_at = -math.inf  # a new engine is due at once
+        return reqs
 
     def untrack(self, req_id: str) -> None:
         """Stop heartbeating ``req_id`` (transfer done, finished, aborted, or
         no longer needs a transfer). Unknown ids are a no-op."""
-        engine = self._engine_of.pop(req_id, None)
-        if engine is None:
+        reqs = self._engine_of.pop(req_id, None)
+        if reqs is None:
             return
-        reqs = self._by_engine[engine]
         del reqs[req_id]
         if not reqs:
-            del self._by_engine[engine]
-            self._last_sent.pop(engine, None)
-        self._c["untracked"] += 1
+            self._forget(reqs.engine)
+
+    def _forget(self, engine: str) -> None:
+        del self._by_engine[engine]
+        del self._order[engine]
+        self._unsent.pop(engine, None)
+        # the threshold stays a lower bound: forgetting an engine only raises it
+        self._last_sent.pop(engine, None)
 
     def drop_engine(self, engine_id: str) -> list[str]:
         """Forget every request of ``engine_id`` (its P is gone: the caller fails
         them over to recompute or an error). Returns their local ids."""
-        reqs = self._by_engine.pop(engine_id, {})
-        self._last_sent.pop(engine_id, None)
+        reqs = self._by_engine.get(engine_id)
+        if reqs is None:
+            return []
+        self._forget(engine_id)
         for rid in reqs:
             del self._engine_of[rid]
         self._c["dropped"] += len(reqs)
         return list(reqs)
+
+    def _rules_changed(self) -> None:
+        self._next_at = -math.inf
+
+    def _threshold(self) -> float:
+        """The smallest ``now`` at which the oldest engine is due, found by
+        asking the rule itself at that float and the one below it; the rule
+        is monotone in ``now`` and in ``last_sent`` (``tests/test_fastpaths``
+        proves it over IEEE doubles), so below it no engine is due. -inf (no
+        shortcut) when every engine had no heartbeat yet or the rule does not
+        give a threshold within a few floats of ``last + interval``."""
+        lasts = self._last_sent
+        if self._unsent:
+            return -math.inf
+        if not lasts:
+            return math.inf
+        rule = R.heartbeat_due
+        interval = self.config.heartbeat_interval
+        oldest = next(iter(lasts.values()))
+        t = oldest + interval
+        if math.isnan(t):  # no threshold
+            return -math.inf
+        for _ in range(8):  # rounding puts the threshold within a float or two
+            if rule(oldest, t, interval):
+                below = math.nextafter(t, -math.inf)
+                if not rule(oldest, below, interval):
+                    return t
+                t = below
+            else:
+                t = math.nextafter(t, math.inf)
+        return -math.inf
 
     def due(self, *, now: float, pending: Collection[str] = ()) -> dict[str, list[str]]:
         """The heartbeats to send now: engine id -> P's ids of its tracked
@@ -134,26 +210,41 @@ class HeartbeatTracker:
         sent at ``now``. Engines in ``pending`` (not connected yet) are left
         out and keep their turn.
         """
+        try:  # finite, not before the last now, below the oldest engine's threshold
+            idle = self._last_now <= now < self._next_at
+        except TypeError:
+            idle = False
+        if idle:
+            self._last_now = now
+            return {}  # nothing is due
         self._clock(now)
+        rule = R.heartbeat_due
         interval = self.config.heartbeat_interval
-        oldest = self._oldest
-        if oldest is not None and not R.heartbeat_due(oldest, now, interval):
-            return {}  # no engine's last heartbeat is as old as the oldest one
+        by_engine = self._by_engine
+        lasts = self._last_sent
+        # engines never sent to, then the sent ones oldest first until one is not due
+        unsent = self._unsent
+        due = list(unsent)
+        for engine, last in lasts.items():
+            if not rule(last, now, interval):
+                break
+            due.append(engine)
+        if len(due) > 1:
+            due.sort(key=self._order.__getitem__)
         out: dict[str, list[str]] = {}
-        for engine, reqs in self._by_engine.items():
-            last = self._last_sent.get(engine)
-            if last is not None and not R.heartbeat_due(last, now, interval):
-                continue
+        for engine in due:
             if engine in pending:
                 self._c["deferred"] += 1
                 continue
-            out[engine] = list(reqs.values())
-            self._last_sent[engine] = now
+            out[engine] = list(by_engine[engine].values())
+            if engine in unsent:
+                del unsent[engine]
+            else:
+                del lasts[engine]  # re-inserted at the end: the newest
+            lasts[engine] = now
         self._c["heartbeats"] += len(out)
         self._c["heartbeat_ids"] += sum(len(v) for v in out.values())
-        # untracked engines leave _last_sent, so equal sizes mean every engine had one
-        lasts = self._last_sent
-        self._oldest = min(lasts.values()) if lasts and len(lasts) == len(self._by_engine) else None
+        self._next_at = self._threshold()
         return out
 
     def next_due(self) -> float | None:
@@ -169,11 +260,12 @@ class HeartbeatTracker:
         return list(self._by_engine)
 
     def engine_of(self, req_id: str) -> str | None:
-        return self._engine_of.get(req_id)
+        reqs = self._engine_of.get(req_id)
+        return None if reqs is None else reqs.engine
 
     def remote_id(self, req_id: str) -> str | None:
-        engine = self._engine_of.get(req_id)
-        return None if engine is None else self._by_engine[engine][req_id]
+        reqs = self._engine_of.get(req_id)
+        return None if reqs is None else reqs[req_id]
 
     def requests(self, engine_id: str) -> list[str]:
         """Local ids tracked for ``engine_id``."""
@@ -181,7 +273,15 @@ class HeartbeatTracker:
 
     @property
     def stats(self) -> TrackerStats:
-        return TrackerStats(**self._c, live=len(self._engine_of), engines=len(self._by_engine))
+        live = len(self._engine_of)
+        untracked = self._tracked - live - self._c["dropped"]
+        return TrackerStats(
+            tracked=self._tracked,
+            untracked=untracked,
+            **self._c,
+            live=live,
+            engines=len(self._by_engine),
+        )
 
     def __len__(self) -> int:
         return len(self._engine_of)

@@ -1,0 +1,212 @@
+"""The runtime's generated forms of the rules (leaseproto.core.specialise) equal the rules.
+
+z3 proves each generated expression equal to the rule it was traced from, over reals and
+over bit-exact IEEE doubles (``==`` on z3 floating-point terms is identity of the value:
+``-0.0`` differs from ``0.0``); random inputs then check the compiled loops, and a rule
+that cannot be traced, or is rebound, still decides what runs.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from leaseproto import LeaseConfig, LeaseTable
+from leaseproto.core import rules as R
+from leaseproto.core import specialise as S
+from leaseproto.core.sym import conj
+
+z3 = pytest.importorskip("z3")
+
+
+def _z3_eval(src: str, env: dict[str, Any]) -> Any:
+    """Evaluate a generated Python expression on z3 terms."""
+
+    def ev(n: ast.AST) -> Any:
+        if isinstance(n, ast.Name):
+            return env[n.id]
+        if isinstance(n, ast.Constant):
+            return n.value
+        if isinstance(n, ast.BinOp):
+            a, b = ev(n.left), ev(n.right)
+            ops: dict[type, Callable[[Any, Any], Any]] = {
+                ast.Add: lambda x, y: x + y,
+                ast.Sub: lambda x, y: x - y,
+                ast.Mult: lambda x, y: x * y,
+                ast.Div: lambda x, y: x / y,
+            }
+            return ops[type(n.op)](a, b)
+        if isinstance(n, ast.Compare):
+            assert len(n.ops) == 1, "a generated comparison is never chained"
+            a, b = ev(n.left), ev(n.comparators[0])
+            cmp: dict[type, Callable[[Any, Any], Any]] = {
+                ast.Lt: lambda x, y: x < y,
+                ast.LtE: lambda x, y: x <= y,
+                ast.Gt: lambda x, y: x > y,
+                ast.GtE: lambda x, y: x >= y,
+                ast.Eq: lambda x, y: x == y,
+                ast.NotEq: lambda x, y: x != y,
+            }
+            return cmp[type(n.ops[0])](a, b)
+        if isinstance(n, ast.BoolOp):
+            vals = [ev(v) for v in n.values]
+            return z3.And(*vals) if isinstance(n.op, ast.And) else z3.Or(*vals)
+        if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.Not):
+            return z3.Not(ev(n.operand))
+        if isinstance(n, ast.IfExp):
+            return z3.If(ev(n.test), ev(n.body), ev(n.orelse))
+        raise AssertionError(f"unexpected syntax in a generated form: {ast.dump(n)}")
+
+    return ev(ast.parse(src, mode="eval").body)
+
+
+def _numbers(kind: str, names: list[str]) -> dict[str, Any]:
+    if kind == "real":
+        return {n: z3.Real(n) for n in names}
+    return {n: z3.FP(n, z3.Float64()) for n in names}
+
+
+def _prove(claim: Any) -> None:
+    s = z3.Solver()
+    s.set(timeout=60_000)
+    s.add(z3.Not(claim))
+    result = s.check()
+    assert result == z3.unsat, f"{result}: {s.model() if result == z3.sat else ''}"
+
+
+def _env(form: S.Form, env: dict[str, Any]) -> dict[str, Any]:
+    for name, src in form.hoisted:
+        env[name] = _z3_eval(src, env)
+    return env
+
+
+@pytest.mark.parametrize("kind", ["real", "ieee"])
+@pytest.mark.parametrize("capped", [False, True])
+def test_generated_renewal_equals_renew_rule(kind: str, capped: bool) -> None:
+    form = S.renew_form(R.renew_rule, capped=capped)
+    assert form.traced
+    env = _numbers(kind, ["deadline", "cap_at", "now", "extension"])
+    env["state"] = z3.Int("state")
+    applies, deadline = R.renew_rule(
+        env["state"],
+        env["deadline"],
+        env["cap_at"] if capped else None,
+        env["now"],
+        env["extension"],
+    )
+    env = _env(form, env)
+    gen_applies = _z3_eval(form.exprs["applies"], env)
+    gen_deadline = _z3_eval(form.exprs["deadline"], env)
+    _prove(gen_applies == applies)
+    # the loop stores the deadline only when the renewal applies (it is unchanged otherwise)
+    _prove(z3.Implies(applies, gen_deadline == deadline))
+    _prove(z3.Implies(z3.Not(applies), deadline == env["deadline"]))
+
+
+@pytest.mark.parametrize("kind", ["real", "ieee"])
+def test_generated_expiry_equals_expire_rules(kind: str) -> None:
+    form = S.expire_form(R.expire_due, R.expire_state)
+    assert form.traced
+    env = _numbers(kind, ["deadline", "now"])
+    env["state"] = z3.Int("state")
+    due = R.expire_due(env["state"], env["deadline"], env["now"])
+    end = R.expire_state(env["state"], env["deadline"], env["now"])
+    _prove(_z3_eval(form.exprs["due"], env) == due)
+    _prove(z3.Implies(due, _z3_eval(form.exprs["state"], env) == end))
+
+
+# -- the compiled loops on random inputs ---------------------------------------------------
+_floats = st.one_of(
+    st.sampled_from([0.0, -0.0, 1.0, 5.0, 20.0, 30.0, 1e-300, 1e300, math.inf, -math.inf]),
+    st.floats(allow_nan=False, min_value=-1e6, max_value=1e6),
+)
+
+
+class _L:
+    __slots__ = ("cap_at", "deadline", "last_renewal", "state")
+
+    def __init__(self, state: int, deadline: float, cap_at: float | None) -> None:
+        self.state, self.deadline, self.cap_at, self.last_renewal = state, deadline, cap_at, None
+
+
+@settings(max_examples=400)
+@given(
+    st.lists(st.tuples(st.integers(0, 4), _floats, _floats), min_size=1, max_size=8),
+    _floats,
+    _floats,
+    st.booleans(),
+)
+def test_compiled_renew_loop_matches_calling_the_rule(
+    leases: list[tuple[int, float, float]], now: float, ext: float, capped: bool
+) -> None:
+    fast = S.renew_form(R.renew_rule, capped=capped)
+    calls = S.Form(
+        S._compile(
+            S._RENEW.format(hoisted="    pass", body=S._RENEW_CALL, transferred=R.TRANSFERRED),
+            "renew_loop",
+        ),
+        "",
+        False,
+        {},
+        (),
+    )
+    assert fast.traced
+    for form in (fast,):
+        a = {f"r{i}": _L(s, d, c if capped else None) for i, (s, d, c) in enumerate(leases)}
+        b = {k: _L(v.state, v.deadline, v.cap_at) for k, v in a.items()}
+        ca: dict[str, int] = {"renew_unknown": 0, "renew_late": 0, "renew_lapsed": 0}
+        cb = dict(ca)
+        ids = [*a, "unknown"]
+        la: list[str] = []
+        lb: list[str] = []
+        na = form.fn(ids, a.get, {}.get, now, ext, la, ca, R.renew_rule)
+        nb = calls.fn(ids, b.get, {}.get, now, ext, lb, cb, R.renew_rule)
+        assert (na, la, ca) == (nb, lb, cb)
+        for k, la_ in a.items():
+            assert math.copysign(1, la_.deadline) == math.copysign(1, b[k].deadline)
+            assert (la_.deadline, la_.last_renewal) == (b[k].deadline, b[k].last_renewal)
+
+
+def _assign_with_python_control_flow(
+    state: int, deadline: float, cap_at: float | None, now: float, extension: float
+) -> tuple[bool, float]:
+    applies = state == R.GRANTED and now < deadline
+    return applies, (now + extension if applies else deadline)
+
+
+def test_an_untraceable_rule_is_called_instead(monkeypatch: pytest.MonkeyPatch) -> None:
+    form = S.renew_form(_assign_with_python_control_flow, capped=False)
+    assert not form.traced and "rule(" in form.source
+    t = LeaseTable(LeaseConfig())
+    t.grant("a", now=0.0)
+    t.renew(["a"], now=1.0)
+    assert t.deadline("a") == 30.0  # max(30, 21)
+    monkeypatch.setattr(R, "renew_rule", _assign_with_python_control_flow)
+    t.renew(["a"], now=2.0)
+    assert t.deadline("a") == 22.0  # the patched rule ran, through the fallback loop
+    monkeypatch.undo()
+    t.renew(["a"], now=3.0)
+    assert t.deadline("a") == 23.0  # the real rule again: max(22, 23)
+
+
+def test_expire_runs_a_rebound_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    def strictly_after(state: Any, deadline: Any, now: Any) -> Any:
+        return conj(state == R.GRANTED, deadline < now)
+
+    t = LeaseTable(LeaseConfig())
+    t.grant("a", now=0.0)
+    t.grant("b", now=0.0)
+    assert [r.req_id for r in t.expire(now=30.0)] == ["a", "b"]  # deadline <= now
+    t.grant("a", now=30.0)
+    monkeypatch.setattr(R, "expire_due", strictly_after)
+    assert S.expire_form(strictly_after, R.expire_state).exprs["due"] == (
+        "state == 1 and deadline < now"
+    )
+    assert t.expire(now=60.0) == []  # the rebound rule decides: not yet
+    assert [r.req_id for r in t.expire(now=60.5)] == ["a"]
