@@ -9,6 +9,7 @@ that cannot be traced, or is rebound, still decides what runs.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import math
 from collections.abc import Callable
 from typing import Any
@@ -20,7 +21,8 @@ from hypothesis import strategies as st
 from leaseproto import LeaseConfig, LeaseTable
 from leaseproto.core import rules as R
 from leaseproto.core import specialise as S
-from leaseproto.core.sym import conj
+from leaseproto.core.events import Release, ReleaseReason, make_release
+from leaseproto.core.state import Input
 
 z3 = pytest.importorskip("z3")
 
@@ -196,17 +198,63 @@ def test_an_untraceable_rule_is_called_instead(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_expire_runs_a_rebound_rule(monkeypatch: pytest.MonkeyPatch) -> None:
-    def strictly_after(state: Any, deadline: Any, now: Any) -> Any:
-        return conj(state == R.GRANTED, deadline < now)
+    def ends_aborted(state: Any, deadline: Any, now: Any) -> Any:
+        return R.next_state(state, Input.RECV_ABORT, R.expire_due(state, deadline, now))
 
     t = LeaseTable(LeaseConfig())
     t.grant("a", now=0.0)
     t.grant("b", now=0.0)
-    assert [r.req_id for r in t.expire(now=30.0)] == ["a", "b"]  # deadline <= now
+    assert [r.reason for r in t.expire(now=30.0)] == [ReleaseReason.EXPIRED] * 2
     t.grant("a", now=30.0)
-    monkeypatch.setattr(R, "expire_due", strictly_after)
-    assert S.expire_form(strictly_after, R.expire_state).exprs["due"] == (
-        "state == 1 and deadline < now"
+    monkeypatch.setattr(R, "expire_state", ends_aborted)
+    assert S.expire_form(R.expire_due, ends_aborted).exprs["state"] == "4"
+    assert [(r.req_id, r.reason) for r in t.expire(now=60.0)] == [("a", ReleaseReason.ABORTED)]
+    assert t.stats.released_aborted == 1
+
+
+@given(
+    st.text(min_size=1, max_size=8),
+    st.sampled_from(list(ReleaseReason)),
+    _floats,
+    _floats,
+    _floats,
+    st.one_of(st.none(), _floats),
+)
+def test_make_release_equals_the_constructor(  # noqa: PLR0917
+    rid: str, reason: ReleaseReason, at: float, granted: float, deadline: float, last: float | None
+) -> None:
+    assert tuple(f.name for f in dataclasses.fields(Release)) == (
+        "req_id",
+        "reason",
+        "at",
+        "granted_at",
+        "deadline",
+        "last_renewal",
     )
-    assert t.expire(now=60.0) == []  # the rebound rule decides: not yet
-    assert [r.req_id for r in t.expire(now=60.5)] == ["a"]
+    fast = make_release(rid, reason, at, granted, deadline, last)
+    slow = Release(rid, reason, at, granted_at=granted, deadline=deadline, last_renewal=last)
+    assert fast == slow
+    assert type(fast) is Release
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fast.at = 0.0  # type: ignore[misc]
+
+
+def test_a_burst_of_expiries_matches_one_by_one_and_shares_tombstones() -> None:
+    cfg = LeaseConfig(tombstone_capacity=5)
+    batch, single = LeaseTable(cfg), LeaseTable(cfg)
+    for t in (batch, single):
+        for i in sorted(range(12), key=lambda i: i % 3):
+            t.grant(f"r{i}", now=float(i % 3))
+        t.renew(["r0", "r4"], now=12.0)  # deadlines 30 and 31 -> 32
+    out = batch.expire(now=40.0)
+    one_by_one = [r for k in range(12, 41) for r in single.expire(now=float(k))]
+    assert sorted(out, key=lambda r: r.req_id) == sorted(
+        [dataclasses.replace(r, at=40.0) for r in one_by_one], key=lambda r: r.req_id
+    )
+    # in heap order, (queued deadline, grant order): a renewed lease that is due by now
+    # goes when its old entry comes up, as before the loop was generated
+    assert [r.req_id for r in out] == [f"r{i}" for i in (0, 3, 6, 9, 1, 4, 7, 10, 2, 5, 8, 11)]
+    assert batch.stats == single.stats
+    kept = [rid for rid in (f"r{i}" for i in range(12)) if batch.ended(rid) is not None]
+    assert kept == ["r2", "r5", "r8", "r10", "r11"]  # capacity 5: the last five ended
+    assert len({id(batch._ended[k]) for k in kept}) == 1  # one tombstone value per call

@@ -14,7 +14,7 @@ from ._lease_flags import add_lease_flags, lease_kwargs
 
 __all__ = ["parse_policies", "register"]
 
-_PRESET_NAMES = ("surge", "crash", "both", "scale", "hang")
+_PRESET_NAMES = ("surge", "crash", "both", "scale", "internet", "hang")
 _DEFAULT_POLICIES = "fixed:480,fixed:30,lease,cap:300"
 _SCENARIO_FLAGS: tuple[tuple[str, type, str], ...] = (
     ("duration", float, "arrivals window, s"),

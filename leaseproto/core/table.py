@@ -21,7 +21,7 @@ from . import specialise
 from .checks import FIRST_NOW, advance, check_count, check_positive, check_wire_id
 from .config import LeaseConfig
 from .errors import LocalProtocolError
-from .events import LateTransfer, Release, ReleaseReason, TransferCounted
+from .events import LateTransfer, Release, ReleaseReason, TransferCounted, make_release
 from .lease import Lease, TableStats
 from .wire import MAX_COUNT
 
@@ -56,6 +56,7 @@ class LeaseTable:
         # the loops generated from the rules (specialise), dropped when a rule is rebound
         self._renew_loop: Callable[..., int] | None = None
         self._expire_one: Callable[..., int | None] | None = None
+        self._tomb: tuple[int, float] = (R.ABSENT, -math.inf)
         R.watch(self)
 
     def _rules_changed(self) -> None:
@@ -68,7 +69,10 @@ class LeaseTable:
     def _end(self, lease: Lease, state: int, now: float) -> Release:
         del self._leases[lease.req_id]
         lease.state = state
-        self._ended[lease.req_id] = (state, now)
+        tomb = self._tomb
+        if tomb[0] != state or tomb[1] is not now:
+            tomb = self._tomb = (state, now)  # shared by the leases one call ends
+        self._ended[lease.req_id] = tomb
         self._ended.move_to_end(lease.req_id)
         while len(self._ended) > self.config.tombstone_capacity:
             self._ended.popitem(last=False)
@@ -273,20 +277,49 @@ class LeaseTable:
         number of live leases. Also forgets tombstones and staged notifications
         older than their TTLs."""
         self._clock(now)
+        one = self._expire_one
+        if one is None:
+            one = self._expire_one = specialise.expire_form(R.expire_due, R.expire_state).fn
+        due_rule, state_rule = R.expire_due, R.expire_state
         heap = self._heap
         leases = self._leases
+        ended = self._ended
+        pop, replace = heapq.heappop, heapq.heapreplace
+        expired_reason = _REASON[R.EXPIRED]
+        tomb = (R.EXPIRED, now)  # one tombstone value shared by this call's expiries
         out: list[Release] = []
+        expired = 0
         while heap and heap[0][0] <= now:
             _, seq, lease = heap[0]
-            if leases.get(lease.req_id) is not lease:
-                heapq.heappop(heap)
+            rid = lease.req_id
+            if leases.get(rid) is not lease:
+                pop(heap)
                 self._stale = max(0, self._stale - 1)
                 continue
-            if R.expire_due(lease.state, lease.deadline, now):
-                heapq.heappop(heap)
-                out.append(self._end(lease, R.expire_state(lease.state, lease.deadline, now), now))
-            else:  # renewed since it was queued: requeue at its new deadline (one sift)
-                heapq.heapreplace(heap, (lease.deadline, seq, lease))
+            state = one(lease.state, lease.deadline, now, due_rule, state_rule)
+            if state is None:  # renewed since it was queued: requeue at its new deadline
+                replace(heap, (lease.deadline, seq, lease))
+                continue
+            pop(heap)
+            if state != R.EXPIRED:  # only a rebound rule ends a lease otherwise here
+                out.append(self._end(lease, state, now))
+                continue
+            # what _end does, for the reaper's batch: tombstones trimmed once below
+            del leases[rid]
+            lease.state = state
+            ended[rid] = tomb
+            ended.move_to_end(rid)
+            expired += 1
+            out.append(
+                make_release(
+                    rid, expired_reason, now, lease.granted_at, lease.deadline, lease.last_renewal
+                )
+            )
+        if expired:
+            self._c["released_expired"] += expired
+            capacity = self.config.tombstone_capacity
+            while len(ended) > capacity:
+                ended.popitem(last=False)
         self._prune(now)
         return out
 

@@ -251,8 +251,10 @@ class HeartbeatTracker:
         """When the next heartbeat falls due (``-inf`` if one is due now)."""
         if not self._by_engine:
             return None
-        interval = self.config.heartbeat_interval
-        return min(self._last_sent.get(e, -math.inf) + interval for e in self._by_engine)
+        if self._unsent:
+            return -math.inf
+        # the oldest last heartbeat gives the minimum: rounding keeps x + c monotone in x
+        return next(iter(self._last_sent.values())) + self.config.heartbeat_interval
 
     # -- queries --------------------------------------------------------------------------
     def engines(self) -> list[str]:

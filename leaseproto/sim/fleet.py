@@ -82,6 +82,9 @@ class FleetRun:
         n = len(workload)
         self.ps = [PEngine(i, policy, workload.p_phase[i]) for i in range(sc.p_engines)]
         self.p_by_name = {p.name: p for p in self.ps}
+        # len(queue) + busy of each P engine, by index: the router's choice is the
+        # first engine with the least load (what min over (load, index) picks)
+        self._p_load = [0] * sc.p_engines
         self.ds = [
             DEngine(
                 i,
@@ -201,7 +204,10 @@ class FleetRun:
 
     # -- prefill side -------------------------------------------------------------------
     def _arrive(self, t: float, i: int) -> None:
-        p = min(self.ps, key=lambda e: (len(e.queue) + e.busy, e.index))
+        loads = self._p_load
+        k = loads.index(min(loads))
+        loads[k] += 1
+        p = self.ps[k]
         self.p_of[i] = p.index
         self.stage[i] = _PREFILL
         p.queue.append(i)
@@ -217,6 +223,7 @@ class FleetRun:
     def _prefilled(self, t: float, arg: tuple[PEngine, int]) -> None:
         p, i = arg
         p.busy = False
+        self._p_load[p.index] -= 1
         p.table.grant(self.wl.rid[i], now=t, ttl=self.policy.ttl)
         self._held_change(t, self.wl.blocks[i])
         self._want_expire(p)

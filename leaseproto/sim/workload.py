@@ -177,6 +177,25 @@ _SCALE = Scenario(
     crashes=(Crash(at=1100.0, engine=0, down_for=120.0), Crash(at=2700.0, engine=3, down_for=60.0)),
 )
 
+_INTERNET = Scenario(
+    # A day of traffic for a large fleet: 1.0 M requests (11/s, two evening-peak
+    # hours at 19/s) over 100 P and 200 D engines, three D crashes.
+    name="internet",
+    duration=86_400.0,
+    rate=11.0,
+    p_engines=100,
+    d_engines=200,
+    surges=(
+        Surge(start=8 * 3600.0, length=3600.0, rate=8.0),
+        Surge(start=20 * 3600.0, length=3600.0, rate=8.0),
+    ),
+    crashes=(
+        Crash(at=3 * 3600.0, engine=0, down_for=300.0),
+        Crash(at=9 * 3600.0 + 600.0, engine=17, down_for=120.0),
+        Crash(at=20 * 3600.0 + 1800.0, engine=101, down_for=600.0),
+    ),
+)
+
 _HANG = Scenario(
     name="hang",
     duration=600.0,
@@ -184,9 +203,12 @@ _HANG = Scenario(
     hangs=(Hang(at=100.0, engine=0, length=600.0),),
 )
 
-#: The design document's scenarios (surge, crash, both), one at scale, and a
-#: stuck-but-heartbeating D (what a lifetime cap is for).
-PRESETS: dict[str, Scenario] = {s.name: s for s in (_SURGE, _CRASH, _BOTH, _SCALE, _HANG)}
+#: The design document's scenarios (surge, crash, both), two at scale (an hour of a
+#: small fleet; a day of a large one), and a stuck-but-heartbeating D (what a
+#: lifetime cap is for).
+PRESETS: dict[str, Scenario] = {
+    s.name: s for s in (_SURGE, _CRASH, _BOTH, _SCALE, _INTERNET, _HANG)
+}
 
 
 def preset(name: str, **overrides: object) -> Scenario:

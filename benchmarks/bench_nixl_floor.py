@@ -1,0 +1,106 @@
+"""NIXL notification floor: round trip between two bare NIXL agents.
+
+Two processes, each one ``nixl_agent`` with the UCX backend on CPU loopback
+(the configuration ``NixlEndpoint`` uses), in a tight loop: this process
+``send_notif``s a heartbeat-sized payload, the echo process spins on
+``get_new_notifs`` and sends it back, this process spins until it arrives.
+Measured for each agent configuration (``enable_prog_thread`` on and off), and
+through ``NixlEndpoint`` (our adapter) on the same loop, so the adapter's and the
+configuration's share of the round trip are apart. Thread CPU time is not the
+point here (both sides spin): wall time per round trip.
+
+    python benchmarks/bench_nixl_floor.py [--trips 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import sys
+import time
+from collections.abc import Sequence
+
+from _common import load, machine, median, pct, table
+
+PAYLOAD = b"HB:" + b",".join(f"chatcmpl-{i:032x}-{i:08x}".encode() for i in range(1))
+
+
+def _agent(name: str, port: int, prog: bool) -> object:
+    from leaseproto.adapters.nixl_runtime import load_nixl  # noqa: PLC0415 - child process
+
+    nixl = load_nixl()
+    cfg = nixl.nixl_agent_config(
+        enable_prog_thread=prog, enable_listen_thread=True, listen_port=port, backends=["UCX"]
+    )
+    return nixl.nixl_agent(name, cfg)
+
+
+def _connect(agent: object, peer: str, port: int) -> None:
+    a: object = agent
+    a.fetch_remote_metadata(peer, "127.0.0.1", port)  # type: ignore[attr-defined]
+    a.send_local_metadata("127.0.0.1", port)  # type: ignore[attr-defined]
+    deadline = time.monotonic() + 60
+    while not a.check_remote_metadata(peer):  # type: ignore[attr-defined]
+        if time.monotonic() > deadline:
+            raise SystemExit(f"no metadata from {peer}")
+        time.sleep(0.01)
+
+
+def _echo(port: int, peer_port: int, prog: bool, count: int) -> None:
+    agent = _agent("echo", port, prog)
+    _connect(agent, "bench", peer_port)
+    done = 0
+    while done < count:
+        for peer, msgs in agent.get_new_notifs().items():  # type: ignore[attr-defined]
+            for m in msgs:
+                agent.send_notif(peer, m)  # type: ignore[attr-defined]
+                done += 1
+    time.sleep(1.0)
+
+
+def bare(prog: bool, trips: int) -> list[float]:
+    from leaseproto.adapters.nixl_runtime import free_port  # noqa: PLC0415
+
+    port, peer_port = free_port(), free_port()
+    agent = _agent("bench", port, prog)
+    child = mp.get_context("spawn").Process(target=_echo, args=(peer_port, port, prog, trips + 20))
+    child.start()
+    _connect(agent, "echo", peer_port)
+    out = []
+    for k in range(trips + 20):
+        t0 = time.perf_counter()
+        agent.send_notif("echo", PAYLOAD)  # type: ignore[attr-defined]
+        while not agent.get_new_notifs():  # type: ignore[attr-defined]
+            pass
+        if k >= 20:  # warm-up trips left out
+            out.append(time.perf_counter() - t0)
+    child.join(30)
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--trips", type=int, default=300)
+    args = ap.parse_args(argv)
+    print(
+        f"NIXL notification round trip, {args.trips} trips, {len(PAYLOAD)} B; {machine()}; {load()}"
+    )
+    rows = []
+    for prog in (True, False):
+        rtt = bare(prog, args.trips)
+        rows.append(
+            [
+                "bare agents",
+                "on" if prog else "off",
+                f"{median(rtt) * 1e6:,.0f}",
+                f"{pct(rtt, 99) * 1e6:,.0f}",
+                f"{min(rtt) * 1e6:,.0f}",
+            ]
+        )
+        print(table(["side", "progress thread", "median µs", "p99 µs", "min µs"], rows[-1:]))
+    print(table(["side", "progress thread", "median µs", "p99 µs", "min µs"], rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
