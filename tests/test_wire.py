@@ -161,3 +161,71 @@ def test_malformed_messages_change_no_lease(junk: list[bytes], rnd: object) -> N
     got, want = run(mixed), run(VALID)
     assert got[0] == len(junk) and want[0] == 0
     assert got[1:] == want[1:]
+
+
+# -- the whole-payload heartbeat check decides exactly as the per-id one -------------------
+from hypothesis import given as _given  # noqa: E402
+from hypothesis import settings as _settings  # noqa: E402
+from hypothesis import strategies as _st  # noqa: E402
+
+_pieces = _st.sampled_from(
+    [
+        "a",
+        "chatcmpl-1f",
+        "HB",
+        "HB:",
+        "AB:",
+        "OK",
+        "NK:x",
+        "LL",
+        "LLx",
+        ":",
+        "x:1",
+        "é",
+        "\x00",
+        "\x1f",
+        "\x7f",
+        "\u2028",
+        " ",
+        "",
+        "Z" * 200,
+        "\ud800",
+    ]
+)
+_id = _st.lists(_pieces, min_size=0, max_size=4).map("".join)
+
+
+def _per_id(data: bytes) -> object:
+    """What decode did before the whole-payload check: validate every id."""
+    text = data.decode("utf-8")
+    return wire.Heartbeat(tuple(wire._valid_id(p, data) for p in text[3:].split(",")))
+
+
+@_settings(max_examples=1500)
+@_given(_st.lists(_id, min_size=1, max_size=6))
+def test_heartbeat_fast_check_decides_as_the_per_id_check(ids: list[str]) -> None:
+    try:
+        data = b"HB:" + ",".join(ids).encode("utf-8")
+    except UnicodeEncodeError:
+        return
+    try:
+        want: object = _per_id(data)
+    except (wire.MalformedMessage, UnicodeDecodeError) as exc:
+        want = type(exc), str(exc)
+    try:
+        got: object = wire.decode(data)
+    except wire.MalformedMessage as exc:
+        got = type(exc), str(exc)
+    if isinstance(want, tuple) and want[0] is UnicodeDecodeError:
+        assert isinstance(got, tuple) and "not UTF-8" in got[1]
+        return
+    assert got == want
+    plain = wire._plain_ids(data, data.decode("utf-8")[3:])
+    if plain is not None:  # the fast path only ever accepts what the per-id path accepts
+        assert want == wire.Heartbeat(tuple(plain))
+
+
+def test_heartbeat_fast_check_takes_plain_ids_and_leaves_the_rest() -> None:
+    assert wire._plain_ids(b"HB:abc,x:1", "abc,x:1") == ["abc", "x:1"]
+    for body in ("abc,HB:1", "abc,LL", "abc,,d", "ab\x01c", "\u00e9t\u00e9"):
+        assert wire._plain_ids(b"HB:" + body.encode(), body) is None
