@@ -204,7 +204,7 @@ def route(p: Server, d: Server, text: str, max_tokens: int) -> str | None:
 
 #: role -> (CPU to bind, most requests running at once, KV blocks): P small enough that freed
 #: blocks are reused soon; D running two at a time, so requests queue
-SHAPE = {"kv_producer": ("0", 8, 48), "kv_consumer": ("1", 2, 256)}
+SHAPE = {"kv_producer": ("0", 8, 32), "kv_consumer": ("1", 2, 256)}
 
 
 def server(model: Path, role: str, connector: str, log: Path) -> Server:
@@ -256,7 +256,9 @@ def run_pair(name: str, model: Path, logs: Path, n: int, max_tokens: int) -> dic
             if phase == "stall":
                 time.sleep(3)
                 os.killpg(d.proc.pid, signal.SIGSTOP)
-                stall_end = time.monotonic() + LEASE * 2 // 3 + 6
+                # past the initial lease (no heartbeat reaches P), then long enough for the
+                # fillers to cycle P's free queue through the freed blocks
+                stall_end = time.monotonic() + LEASE + 12
                 k = 1000
                 while time.monotonic() < stall_end:  # P reuses the freed blocks
                     post(p.port, {"model": "m", "prompt": prompt(k, 120), "max_tokens": 1})
@@ -275,7 +277,10 @@ def run_pair(name: str, model: Path, logs: Path, n: int, max_tokens: int) -> dic
                     time.sleep(0.25)
             for t in threads:
                 t.join(timeout=600)
-            time.sleep(2)  # two stats intervals: the counters catch up
+            # P handles notifications only when it steps: make it step, then give the
+            # counters two stats intervals to catch up
+            post(p.port, {"model": "m", "prompt": prompt(999), "max_tokens": 1})
+            time.sleep(2)
             after_p, after_d = metrics(p.port), metrics(d.port)
             d_alive = phase != "kill"
 

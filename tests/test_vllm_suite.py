@@ -27,9 +27,18 @@ from leaseproto.integrations.vllm.differences import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
+_NAME = "vllm-0.32.0-tests.tar.gz"
+#: the peers' tarball: $LEASEPROTO_VLLM_TESTS, else ../shared/peers next to the repository,
+#: else the workplace's /work/shared/peers (a clone elsewhere, e.g. CI's temporary one)
 TARBALL = Path(
-    os.environ.get(
-        "LEASEPROTO_VLLM_TESTS", ROOT.parent / "shared" / "peers" / "vllm-0.32.0-tests.tar.gz"
+    os.environ.get("LEASEPROTO_VLLM_TESTS")
+    or next(
+        (
+            p
+            for p in (ROOT.parent / "shared" / "peers" / _NAME, Path("/work/shared/peers") / _NAME)
+            if p.exists()
+        ),
+        ROOT.parent / "shared" / "peers" / _NAME,
     )
 )
 HF_OFFLINE = TARBALL.parent / "hf-offline"
