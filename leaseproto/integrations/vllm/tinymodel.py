@@ -90,6 +90,9 @@ def build_tiny_model(path: str | Path, *, seed: int = 0, layers: int = 2) -> Pat
         eos_token_id=2,
         pad_token_id=3,
         tie_word_embeddings=True,
+        # the default 0.02 gives a model that repeats one token whatever the context, so a read
+        # of wrong KV would go unseen; 0.2 makes greedy outputs depend on the prompt
+        initializer_range=0.2,
         torch_dtype="bfloat16",
     )
     model = Qwen3ForCausalLM(cfg).to(torch.bfloat16)
