@@ -229,3 +229,28 @@ def test_heartbeat_fast_check_takes_plain_ids_and_leaves_the_rest() -> None:
     assert wire._plain_ids(b"HB:abc,x:1", "abc,x:1") == ["abc", "x:1"]
     for body in ("abc,HB:1", "abc,LL", "abc,,d", "ab\x01c", "\u00e9t\u00e9"):
         assert wire._plain_ids(b"HB:" + body.encode(), body) is None
+
+
+def _each(ids: list[str], max_bytes: int) -> object:
+    try:
+        return wire._encode_each(ids, max_bytes - 3, max_bytes)
+    except (ValueError, TypeError) as exc:
+        return type(exc), str(exc)
+
+
+@_settings(max_examples=1500)
+@_given(
+    _st.lists(_st.one_of(_id, _st.sampled_from(["abc", "abc", "d" * 30])), max_size=12),
+    _st.sampled_from([4, 5, 8, 12, 40, 100, 4096]),
+)
+def test_heartbeat_encoding_cuts_where_the_per_id_encoder_does(
+    ids: list[str], max_bytes: int
+) -> None:
+    want = _each(ids, max_bytes)
+    try:
+        got: object = wire.encode_heartbeat(iter(ids), max_bytes=max_bytes)
+    except (ValueError, TypeError) as exc:
+        got = type(exc), str(exc)
+    assert got == want
+    if wire._encode_plain(list(ids), max_bytes - 3) is not None:
+        assert not isinstance(want, tuple)  # the fast path never accepts what fails
