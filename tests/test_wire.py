@@ -254,3 +254,11 @@ def test_heartbeat_encoding_cuts_where_the_per_id_encoder_does(
     assert got == want
     if wire._encode_plain(list(ids), max_bytes - 3) is not None:
         assert not isinstance(want, tuple)  # the fast path never accepts what fails
+
+
+@_settings(max_examples=1500)
+@_given(_id, _st.sampled_from([1, 3, 10, 60, 512, 4096]))
+def test_plain_id_accepts_only_what_id_problem_accepts(rid: str, max_bytes: int) -> None:
+    if wire.plain_id(rid, max_bytes):
+        assert wire.id_problem(rid) is None and len(rid.encode()) <= max_bytes
+    assert wire.plain_id("chatcmpl-1f-00000001")

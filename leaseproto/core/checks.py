@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from .errors import LocalProtocolError
-from .wire import id_problem
+from .wire import id_problem, plain_id
 
 __all__ = [
     "FIRST_NOW",
@@ -77,6 +77,8 @@ def check_wire_id(req_id: object, max_bytes: int) -> str:
     """``req_id``, when every message naming it can be sent: a valid id
     (:func:`leaseproto.wire.check_id`) of at most ``max_bytes`` UTF-8 bytes
     (``LeaseConfig.max_id_bytes``, rule C7)."""
+    if plain_id(req_id, max_bytes):  # the common case, decided at C speed
+        return req_id  # type: ignore[return-value]
     problem = id_problem(req_id)
     if problem is None and isinstance(req_id, str):
         size = len(req_id.encode("utf-8"))

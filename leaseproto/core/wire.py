@@ -67,6 +67,7 @@ __all__ = [
     "encode_ok",
     "encode_transfer_done",
     "lease_lost",
+    "plain_id",
     "verdict",
 ]
 
@@ -179,6 +180,22 @@ def id_problem(req_id: object) -> str | None:
         # "HB" is refused too: its transfer-done "HB:1" would read as a heartbeat
         return f"request id {req_id!r} collides with a reserved prefix"
     return None
+
+
+def plain_id(req_id: object, max_bytes: int = MAX_ID_BYTES) -> bool:
+    """True only for an id :func:`id_problem` accepts, of at most ``max_bytes``
+    bytes: a quick sufficient check (ASCII, printable, longer than a reserved
+    stem, no ``,``, no reserved prefix) for callers that validate every id they
+    are given; False means "ask :func:`id_problem`", not "invalid"."""
+    return (
+        type(req_id) is str
+        and _STEM_LEN < len(req_id) <= max_bytes
+        and len(req_id) <= MAX_ID_BYTES
+        and req_id.isascii()
+        and req_id.isprintable()
+        and "," not in req_id
+        and (":" not in req_id or not req_id.startswith(_RESERVED_TEXT))
+    )
 
 
 def _plain_ids(data: bytes, text: str, skip: int = len(HEARTBEAT_PREFIX)) -> list[str] | None:
