@@ -9,11 +9,14 @@ outside it, nor any module that reads a clock or touches the outside world
 - :mod:`.state`: the per-lease transition table, as data (:data:`TRANSITIONS`).
 - :mod:`.rules`: the transition rules, written once, run on floats here and
   on z3 terms in ``leaseproto.proofs``; :mod:`.sym` holds their operators.
-- :mod:`.table`: :class:`LeaseTable`, prefill's record of leases.
+- :mod:`.table`: :class:`LeaseTable`, prefill's record of leases; :mod:`.lease`
+  one lease's record and the table's counters.
 - :mod:`.tracker`: :class:`HeartbeatTracker`, decode's heartbeat schedule.
 - :mod:`.clock`: :class:`ClockOffset`, the bidirectional read gate.
-- :mod:`.wire`: the notification formats (vLLM's and ours).
-- :mod:`.events`, :mod:`.errors`: what the core returns and raises.
+- :mod:`.wire`: the notification formats (vLLM's and ours) and the verdict rule's
+  message (:func:`~leaseproto.core.wire.verdict`, I13).
+- :mod:`.events`, :mod:`.errors`: what the core returns and raises; :mod:`.checks`
+  the argument checks behind its ``LocalProtocolError`` s.
 """
 
 from __future__ import annotations
