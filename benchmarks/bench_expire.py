@@ -6,7 +6,7 @@
    the same process, interleaved run by run: upstream's full scan of a dict of
    deadlines (``[rid for rid, d in dl.items() if d <= now]`` then ``del``).
 2. Memory: ``tracemalloc`` bytes retained per live lease after granting N leases
-   (100 per 10 ms step) and after one heartbeat has renewed them all, against
+   (100 per 10 ms step, or n/1000) and after one heartbeat has renewed them all, against
    upstream's dict of floats on the same schedule (the ids themselves are allocated
    before and not counted); and bytes per tombstone (an ended lease P remembers).
 
@@ -87,12 +87,13 @@ def _retained(build: object) -> int:
 
 def memory(n: int) -> dict[str, float]:
     ids = _ids(n)
+    per_step = max(PER_STEP, n // 1000)  # grants span 10 s, so all are live at renew_now
     renew_now = CFG.kv_lease_duration / 2
 
     def ours(renew: bool) -> object:
         t = LeaseTable(CFG)
         for k, rid in enumerate(ids):
-            t.grant(rid, now=k // PER_STEP * STEP)
+            t.grant(rid, now=k // per_step * STEP)
         if renew:
             t.renew(ids, now=renew_now)
         return t
@@ -100,7 +101,7 @@ def memory(n: int) -> dict[str, float]:
     def upstream(renew: bool) -> object:
         dl: dict[str, float] = {}
         for k, rid in enumerate(ids):
-            dl[rid] = k // PER_STEP * STEP + CFG.kv_lease_duration
+            dl[rid] = k // per_step * STEP + CFG.kv_lease_duration
         if renew:
             new = renew_now + CFG.lease_extension
             for rid in ids:
@@ -110,8 +111,8 @@ def memory(n: int) -> dict[str, float]:
     def ended(capacity: int) -> object:
         t = LeaseTable(LeaseConfig(tombstone_capacity=capacity))
         for k, rid in enumerate(ids):
-            t.grant(rid, now=k // PER_STEP * STEP)
-        t.expire(now=CFG.kv_lease_duration + n // PER_STEP * STEP)
+            t.grant(rid, now=k // per_step * STEP)
+        t.expire(now=CFG.kv_lease_duration + n // per_step * STEP)
         return t
 
     out = {
