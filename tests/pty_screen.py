@@ -20,10 +20,11 @@ __all__ = ["run_in_pty"]
 
 def run_in_pty(
     args: list[str], is_status: Callable[[str], bool], *, columns: int, rows: int = 24
-) -> tuple[int, list[str], int]:
+) -> tuple[int, list[str], int, set[str]]:
     """Run ``leaseproto ARGS`` on a pseudo-terminal of ``columns`` x ``rows``, fed
     to a terminal emulator. Returns the exit status, every line the screen shows
-    or scrolled off, and the most lines ``is_status`` ever saw at once."""
+    or scrolled off, the most lines ``is_status`` ever saw on it at once, and every
+    such line it saw."""
 
     pyte = pytest.importorskip("pyte")
     screen = pyte.HistoryScreen(columns, rows, history=10_000)
@@ -36,6 +37,7 @@ def run_in_pty(
         os.execv(sys.executable, [sys.executable, "-m", "leaseproto", *args])
     fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
     most_status = 0
+    seen: set[str] = set()
 
     def lines() -> list[str]:
         older = ["".join(c.data for c in row.values()) for row in screen.history.top]
@@ -53,6 +55,8 @@ def run_in_pty(
         if not data:
             break
         stream.feed(data)
-        most_status = max(most_status, sum(1 for ln in lines() if is_status(ln)))
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status), lines(), most_status
+        status = [ln for ln in lines() if is_status(ln)]
+        most_status = max(most_status, len(status))
+        seen.update(status)
+    _, code = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(code), lines(), most_status, seen

@@ -68,7 +68,7 @@ def _is_status(line: str) -> bool:
 
 
 def test_demo_reads_well_in_80_columns() -> None:
-    code, shown, most_status = run_in_pty(["demo", *SMALL], _is_status, columns=80)
+    code, shown, most_status, _ = run_in_pty(["demo", *SMALL], _is_status, columns=80)
     text = "\n".join(shown)
     assert code == 0, text
     # the live status is one line, redrawn in place: never two copies, none left over

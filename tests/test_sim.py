@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -252,10 +253,15 @@ def test_sim_progress_bar_in_80_columns_leaves_no_residue() -> None:
     def is_bar(line: str) -> bool:
         return "virtual t=" in line
 
-    code, shown, most = run_in_pty(["sim", "--preset", "both", "--progress"], is_bar, columns=80)
+    code, shown, most, bars = run_in_pty(
+        ["sim", "--preset", "both", "--progress"], is_bar, columns=80
+    )
     text = "\n".join(shown)
     assert code == 0, text
     assert most == 1, text  # drawn, on one line
+    # every redraw is whole: nothing of an earlier, longer one left after it
+    for bar in bars:
+        assert re.fullmatch(r"\[.+ \d/\d\] .+ +\d+% virtual t=[\d,]+s", bar), bar
     assert not any(is_bar(ln) for ln in shown), text  # and gone
     assert any(ln.startswith("requests ") for ln in shown), text
 

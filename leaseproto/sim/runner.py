@@ -40,7 +40,7 @@ class Progress:
 
         console = Console(file=stream if stream is not None else sys.stderr)
         self._bar = Bar(
-            TextColumn("{task.description}"),
+            TextColumn("{task.description}", markup=False),
             BarColumn(bar_width=None),
             TaskProgressColumn(),
             TextColumn("virtual t={task.completed:,.0f}s"),

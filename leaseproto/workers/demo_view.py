@@ -68,11 +68,12 @@ class DemoDisplay:
             return
         if self._bar is None:
             self._bar = Progress(
-                TextColumn("  {task.description}"),
+                TextColumn("  {task.description}", markup=False),
                 BarColumn(bar_width=16),
                 MofNCompleteColumn(),
                 TextColumn(
                     "{task.fields[status]}",
+                    markup=False,
                     table_column=Column(no_wrap=True, overflow="ellipsis", ratio=1),
                 ),
                 console=self.console,
