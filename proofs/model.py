@@ -165,7 +165,7 @@ def lease_system(cap: bool) -> System:
                 later(s, a, p), allowed(s.st, Input.GRANT), a.ttl > 0, a.consumers >= 1
             ),
             grant_upd,
-            witness=lambda s, s2, a, p: s2.st == GRANTED,
+            witness=lambda s, s2, a, p: z3.And(s.st == ABSENT, s2.st == GRANTED),
         ),
         Transition(
             "renew",
@@ -192,7 +192,7 @@ def lease_system(cap: bool) -> System:
             t_only,
             later,
             lambda s, a, p: timed(s, a.t, R.abort_state(s.st)),
-            witness=lambda s, s2, a, p: s2.st == ABORTED,
+            witness=lambda s, s2, a, p: z3.And(s.st == GRANTED, s2.st == ABORTED),
         ),
         Transition(
             "expire",

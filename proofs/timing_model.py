@@ -64,7 +64,7 @@ from leaseproto.core import rules as R
 from leaseproto.core.state import Input
 
 from .kit import Bool, Int, Real, System, Transition
-from .model import ABORTED, ABSENT, GRANTED, TRANSFERRED, allowed, ended, release_fired
+from .model import ABORTED, ABSENT, EXPIRED, GRANTED, TRANSFERRED, allowed, ended, release_fired
 
 #: Bounds a counterexample may let the actual system exceed.
 BOUNDS = ("R", "K", "SD", "SP", "dl", "rho")
@@ -343,7 +343,7 @@ def build(opts: Options = Options()) -> System:
             {},
             lambda s, a, p: allowed(s.st, Input.GRANT),
             grant,
-            witness=lambda s, s2, a, p: s2.st != s.st,
+            witness=lambda s, s2, a, p: z3.And(s.st == ABSENT, s2.st == GRANTED),
         ),
         Transition(
             "track",
@@ -384,7 +384,7 @@ def build(opts: Options = Options()) -> System:
             {},
             true,
             p_step,
-            witness=lambda s, s2, a, p: s2.st != s.st,
+            witness=lambda s, s2, a, p: z3.And(s.st == GRANTED, s2.st == EXPIRED),
         ),
         Transition(
             "p_recv",

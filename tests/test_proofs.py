@@ -278,3 +278,41 @@ def test_the_runtime_executes_the_patched_rule_too(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(rules, "renew_rule", _assigning_renewal)
     t.renew(["a"], now=6.0)
     assert t.deadline("a") == 26.0  # the broken rule shortened it: I1 violated at runtime
+
+
+def test_deleting_the_granted_abort_row_fails_an_obligation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # before: "abort enabled" was met from an already-aborted lease, and the missing
+    # row read as "state unchanged", so every obligation passed
+    monkeypatch.delitem(TRANSITIONS, (LeaseState.GRANTED, Input.RECV_ABORT))
+    status, out = run_check(system="lease")
+    assert status == 1
+    assert re.search(r"^FAIL \[lease\] abort enabled", out, re.M), out
+    assert re.search(r"^FAIL \[lease\] L0 preserved by abort", out, re.M), out
+
+
+LEASE_INPUTS = {
+    Input.GRANT: "grant",
+    Input.RECV_HEARTBEAT: "renew",
+    Input.RECV_TRANSFER_DONE: "transfer_done",
+    Input.RECV_ABORT: "abort",
+    Input.TIMER_EXPIRE: "expire",
+}
+
+
+@pytest.mark.parametrize(
+    "row",
+    sorted(TRANSITIONS, key=lambda k: (k[0], k[1].value)),
+    ids=lambda r: f"{r[0].name}-{r[1].name}",
+)
+def test_every_deleted_row_fails_an_obligation_of_its_transition(
+    row: tuple[LeaseState, Input], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delitem(TRANSITIONS, row)
+    obs = check.select(check.all_obligations("lease"), None, "lease")
+    name = LEASE_INPUTS[row[1]]
+    mine = [o for o in obs if o.label.split(" ")[-1] == name or o.label == f"{name} enabled"]
+    check.configure()
+    failed = [o.label for o in mine if not check.solve(o).ok]
+    assert failed, f"deleting {row} fails no obligation of {name}"

@@ -166,6 +166,66 @@ def test_expire_returns_in_deadline_order_and_only_due() -> None:
     assert t.next_deadline() == 102.0
 
 
+def test_expire_releases_a_renewed_due_lease_in_deadline_order() -> None:
+    # found by the random (dev) profile: a's stale entry (30) came first; its renewed
+    # deadline 31 was due too and it was released before c (30): b, a, c
+    t = table()
+    t.grant("a", now=0.0)
+    t.grant("c", now=0.0)
+    t.grant("b", now=11.0, ttl=0.5)
+    t.renew(["a"], now=11.0)  # a -> 31
+    got = t.expire(now=31.0)
+    assert [(r.req_id, r.deadline) for r in got] == [("b", 11.5), ("c", 30.0), ("a", 31.0)]
+
+
+def test_release_order_is_the_tombstone_eviction_order() -> None:
+    # the same five calls, observed through a tombstone capacity of 1: only the
+    # last released (a, deadline 31) is remembered
+    t = table(tombstone_capacity=1)
+    t.grant("a", now=0.0)
+    t.grant("c", now=0.0)
+    t.grant("b", now=11.0, ttl=0.5)
+    t.renew(["a"], now=11.0)
+    t.expire(now=31.0)
+    assert t.ended("a") is ReleaseReason.EXPIRED
+    assert t.ended("b") is None and t.ended("c") is None
+
+
+def test_a_live_lease_survives_heap_compaction() -> None:
+    # a _compact that kept the wrong entries would drop the live lease's entry:
+    # it would then never expire
+    t = table()
+    t.grant("live", now=0.0)
+    for i in range(3000):
+        t.grant(f"r{i}", now=0.0)
+        t.transfer_done(f"r{i}", now=0.0)
+    assert len(t._heap) <= 1024 + 2  # compaction ran
+    assert t.next_deadline() == 30.0
+    assert [r.req_id for r in t.expire(now=30.0)] == ["live"]
+    assert len(t) == 0
+
+
+@pytest.mark.parametrize("pop", ["expire", "next_deadline"])
+def test_popping_one_stale_entry_does_not_reset_the_stale_count(pop: str) -> None:
+    # each round ends 1000 leases behind a live anchor, and pops one stale entry
+    # ahead of it; the count must go down by one (max(0, n - 1)), not to zero
+    # (min), or compaction never runs and the heap grows without bound
+    t = table()
+    t.grant("anchor", now=0.0, ttl=1e6)
+    for c in range(12):
+        now = float(c)
+        t.grant(f"x{c}", now=now, ttl=0.1)
+        t.abort(f"x{c}", now=now)
+        for i in range(1000):
+            t.grant(f"y{c}-{i}", now=now, ttl=1e7)
+            t.abort(f"y{c}-{i}", now=now)
+        if pop == "expire":
+            assert t.expire(now=now + 0.2) == []
+        else:
+            assert t.next_deadline() == 1e6
+    assert len(t._heap) <= 2 * 1024 + 2
+
+
 def test_next_deadline_follows_renewals() -> None:
     t = table()
     t.grant("a", now=0.0)

@@ -94,6 +94,17 @@ def test_next_due_is_minus_inf_for_a_new_engine() -> None:
     assert t.next_due() == -math.inf
 
 
+def test_next_due_is_the_earliest_engine_not_the_latest() -> None:
+    t = HeartbeatTracker(CFG)
+    t.track("d1", engine_id="P0", now=0.0)
+    assert t.due(now=0.0) == {"P0": ["d1"]}
+    t.track("d2", engine_id="P1", now=2.0)
+    assert t.due(now=2.0) == {"P1": ["d2"]}
+    assert t.next_due() == 5.0  # P0's turn (0 + 5) comes before P1's (2 + 5)
+    t.track("d3", engine_id="P2", now=3.0)
+    assert t.next_due() == -math.inf  # P2 never had one: due now
+
+
 # -- the tracker against a naive schedule (every engine checked every step) -------------------
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402

@@ -27,6 +27,7 @@ __all__ = [
     "ABSENT",
     "EXPIRED",
     "GRANTED",
+    "NO_ROW",
     "TRANSFERRED",
     "abort_state",
     "aged_uncertainty",
@@ -54,6 +55,8 @@ GRANTED = int(LeaseState.GRANTED)
 TRANSFERRED = int(LeaseState.TRANSFERRED)
 EXPIRED = int(LeaseState.EXPIRED)
 ABORTED = int(LeaseState.ABORTED)
+#: What the symbolic :func:`next_state` yields for a pair with no row (no state).
+NO_ROW = -1
 
 
 def next_state(state: int, inp: Input, guard: bool) -> int:
@@ -61,7 +64,9 @@ def next_state(state: int, inp: Input, guard: bool) -> int:
 
     On a concrete ``state`` this is a table lookup (``KeyError`` for a pair the
     table does not allow); on a symbolic one it is the ``ite`` chain over every
-    row for ``inp``, and a state with no row for ``inp`` stays unchanged.
+    row for ``inp``, and a state with no row for ``inp`` goes to :data:`NO_ROW`,
+    which is no state: the proofs' well-formedness lemma (L0) then fails, as the
+    runtime's lookup would, instead of reading a missing row as "unchanged".
     """
     if isinstance(state, int):
         # int keys find the IntEnum rows (equal hashes and values), without a
@@ -70,7 +75,7 @@ def next_state(state: int, inp: Input, guard: bool) -> int:
         if t.guard is Guard.ALWAYS:
             return int(t.target)
         return ite(guard, int(t.target), state)
-    result = state
+    result: int = NO_ROW
     for (src, i), t in TRANSITIONS.items():
         if i is not inp:
             continue

@@ -290,15 +290,19 @@ class LeaseTable:
         out: list[Release] = []
         expired = 0
         while heap and heap[0][0] <= now:
-            _, seq, lease = heap[0]
+            key, seq, lease = heap[0]
             rid = lease.req_id
             if leases.get(rid) is not lease:
                 pop(heap)
                 self._stale = max(0, self._stale - 1)
                 continue
-            state = one(lease.state, lease.deadline, now, due_rule, state_rule)
-            if state is None:  # renewed since it was queued: requeue at its new deadline
-                replace(heap, (lease.deadline, seq, lease))
+            deadline = lease.deadline
+            state = (
+                None if key != deadline else one(lease.state, deadline, now, due_rule, state_rule)
+            )
+            if state is None:  # renewed since it was queued: requeue at its new deadline, even
+                # when that is due too, so releases stay in deadline order (tombstones too)
+                replace(heap, (deadline, seq, lease))
                 continue
             pop(heap)
             if state != R.EXPIRED:  # only a rebound rule ends a lease otherwise here
