@@ -187,15 +187,21 @@ class World:
                 self.next_d = self.now + self.rnd.uniform(TICK, S_D)
 
 
+SEEDS = st.integers(0, 2**32 - 1)
+P_DUP = st.sampled_from([0.0, 0.1, 0.5])
+P_LOSS = st.sampled_from([0.0, 0.2, 0.6])
+
+
 @settings(max_examples=12)
-@given(
-    seed=st.integers(0, 2**32 - 1),
-    p_dup=st.sampled_from([0.0, 0.1, 0.5]),
-    p_loss=st.sampled_from([0.0, 0.2, 0.6]),
-)
+@given(seed=SEEDS, p_dup=P_DUP, p_loss=P_LOSS)
 def test_no_premature_expiry_while_d_steps_and_bounded_reclaim_after_it_stops(
     seed: int, p_dup: float, p_loss: float
 ) -> None:
+    check_composed(seed, p_dup, p_loss)
+
+
+def check_composed(seed: int, p_dup: float, p_loss: float) -> None:
+    """One composed run (also driven with a randomised profile by test_random_profile)."""
     rnd = random.Random(seed)
     world = World(rnd, p_dup, p_loss)
     grants = sorted(

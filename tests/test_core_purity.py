@@ -214,6 +214,7 @@ def test_the_cycle_check_sees_a_cycle() -> None:
 FLOORS = {
     "core": 0,
     "adapters": 0,
+    "checker": 1,
     "scenarios": 1,
     "testing": 1,
     "sim": 1,

@@ -77,6 +77,7 @@ def test_state_rules_agree() -> None:
             agree(R.transfer_done_count, state, done)
             agree(R.transfer_is_last, done, consumers)
         agree(R.abort_state, state)
+        agree(R.transfer_verdict_ok, state)
         for deadline, now in itertools.product(TIMES, TIMES):
             agree(R.expire_due, state, deadline, now)
             agree(R.expire_state, state, deadline, now)

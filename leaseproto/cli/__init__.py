@@ -27,6 +27,7 @@ _COMMANDS: tuple[str, ...] = (
     "diagram_cmd",
     "sim_cmd",
     "prove_cmd",
+    "check_cmd",
     "demo_cmd",
     "serve_cmd",
     "trace_cmd",

@@ -1,0 +1,109 @@
+"""Breadth-first search over the world's states (TLC's algorithm, on real objects).
+
+Each state is a :class:`~.world.World`; a successor is a copy with one action
+applied. States are deduplicated by :func:`~.fingerprint.world_fingerprint`.
+Breadth-first order makes the first violation found one with the fewest steps;
+its trace is rebuilt from parent links. A state in which nothing can happen,
+not even time passing, is reported too (a modelling error, or a real deadlock).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from ..core.errors import LeaseProtocolError
+from .scope import Scope
+from .world import Violation, World
+
+__all__ = ["Result", "check"]
+
+
+@dataclass
+class Result:
+    scope: Scope
+    states: int = 0
+    transitions: int = 0
+    depth: int = 0
+    seconds: float = 0.0
+    #: the search stopped at ``scope.max_states`` before exhausting the space
+    bounded: bool = False
+    violation: Violation | None = None
+    trace: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.violation is None
+
+    def summary(self) -> str:
+        head = (
+            f"scope {self.scope.name}: {self.states} distinct states, "
+            f"{self.transitions} transitions, depth {self.depth}, {self.seconds:.1f} s"
+        )
+        if self.bounded:
+            head += f" (stopped at max_states={self.scope.max_states})"
+        if self.violation is None:
+            return head + ": no violation"
+        steps = "\n".join(f"  {i + 1:2d}. {s}" for i, s in enumerate(self.trace))
+        return (
+            f"{head}\nVIOLATION of {self.violation.inv}: {self.violation.text}\n"
+            f"shortest trace ({len(self.trace)} steps):\n{steps}"
+        )
+
+
+def check(scope: Scope) -> Result:
+    """Explore every state of ``scope`` (up to ``max_states``)."""
+    start = time.perf_counter()
+    res = Result(scope)
+    root = World(scope)
+    fp0 = root.fingerprint()
+    parent: dict[bytes, tuple[bytes, str] | None] = {fp0: None}
+    depth = {fp0: 0}
+    frontier = deque([(fp0, root)])
+
+    def trace(fp: bytes) -> list[str]:
+        out: list[str] = []
+        link = parent[fp]
+        while link is not None:
+            fp, label = link
+            out.append(label)
+            link = parent[fp]
+        return out[::-1]
+
+    while frontier:
+        fp, w = frontier.popleft()
+        acts = w.actions()
+        if not acts:
+            res.violation = Violation("deadlock", "nothing can happen, not even a tick")
+            res.trace = trace(fp)
+            break
+        for act in acts:
+            label = w.label(act)
+            w2 = w.copy()
+            res.transitions += 1
+            try:
+                w2.apply(act)
+            except Violation as v:
+                res.violation, res.trace = v, [*trace(fp), label]
+                break
+            except LeaseProtocolError as exc:  # the glue misused the core, or the core is wrong
+                res.violation = Violation("misuse", f"{type(exc).__name__}: {exc}")
+                res.trace = [*trace(fp), label]
+                break
+            f2 = w2.fingerprint()
+            if f2 in parent:
+                continue
+            parent[f2] = (fp, label)
+            depth[f2] = depth[fp] + 1
+            res.depth = max(res.depth, depth[f2])
+            if len(parent) >= scope.max_states:
+                res.bounded = True
+                frontier.clear()
+                break
+            frontier.append((f2, w2))
+        if res.violation is not None:
+            break
+    res.states = len(parent)
+    res.seconds = time.perf_counter() - start
+    return res

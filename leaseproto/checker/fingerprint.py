@@ -1,0 +1,106 @@
+"""Canonical fingerprints of checker states.
+
+Two states with the same fingerprint behave alike from then on, so the search
+keeps one. Every time is taken relative to ``now`` (the core only ever compares
+times, so shifting all of them changes nothing) and clamped to ``±horizon``,
+beyond which no duration of the configuration reaches; counters kept only for
+statistics are left out. The heap is listed in pop order with each entry's
+liveness, because stale entries and tie order change what ``expire`` returns.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..core.table import LeaseTable
+    from ..core.tracker import HeartbeatTracker
+
+__all__ = ["world_fingerprint"]
+
+#: a :class:`~.world.World` (not imported: the world imports this module)
+World_ = Any
+
+
+def _horizon(w: World_) -> float:
+    c = w.cfg
+    spans = [c.kv_lease_duration, c.lease_extension, c.tombstone_ttl, c.staging_ttl]
+    if c.max_lease_lifetime is not None:
+        spans.append(c.max_lease_lifetime)
+    return float(max(spans) + w.scope.delay + 2)
+
+
+def _rel(t: float | None, now: float, h: float) -> float | None:
+    if t is None or not math.isfinite(t):
+        return t
+    return max(-h, min(h, t - now))
+
+
+def table_fp(t: LeaseTable, now: float, h: float) -> tuple[Any, ...]:
+    leases = t._leases
+    live = tuple(
+        (
+            rid,
+            lease.state,
+            _rel(lease.deadline, now, h),
+            _rel(lease.cap_at, now, h),
+            lease.consumers,
+            getattr(lease, "readers", None),
+            lease.done,
+        )
+        for rid, lease in leases.items()
+    )
+    heap = tuple(
+        (_rel(e[0], now, h), e[-1].req_id, leases.get(e[-1].req_id) is e[-1])
+        for e in sorted(t._heap, key=lambda e: e[:2])
+    )
+    ended = tuple((rid, st, _rel(at, now, h)) for rid, (st, at) in t._ended.items())
+    staged = tuple((rid, _rel(e[0], now, h), *e[1:]) for rid, e in t._staged.items())
+    return live, heap, ended, staged, _rel(t._last_now, now, h)
+
+
+def tracker_fp(t: HeartbeatTracker, now: float, h: float) -> tuple[Any, ...]:
+    by_engine = tuple((e, tuple(reqs.items())) for e, reqs in t._by_engine.items())
+    last = tuple((e, _rel(v, now, h)) for e, v in t._last_sent.items())
+    return by_engine, last, _rel(t._oldest, now, h), _rel(t._last_now, now, h)
+
+
+def world_fingerprint(w: World_) -> bytes:
+    now = float(w.now)
+    h = _horizon(w)
+    ghosts = (
+        tuple(
+            (k, tuple((i.live, i.reason, _rel(i.ended_at, now, h), i.tds) for i in v))
+            for k, v in sorted(w.inst.items())
+        ),
+        tuple(sorted(w.staged.items())),
+        tuple(sorted(w.staged_abort)),
+        tuple(
+            (p, tuple((r, x, _rel(at, now, h)) for r, (x, at) in tb.items()))
+            for p, tb in w.tombs.items()
+        ),
+        tuple(sorted((r, _rel(at, now, h)) for r, at in w.first_grant.items())),
+        tuple(sorted(w.phase.items())),
+        tuple(sorted(w.reads.items())),
+        tuple(sorted(w.verdicts.items())),
+    )
+    state = (
+        tuple(table_fp(w.tables[p], now, h) for p in w.P),
+        tracker_fp(w.tracker, now, h),
+        tuple(sorted((m.src, m.dst, m.data, _rel(m.sent, now, h)) for m in w.net)),
+        tuple(sorted((m.src, m.dst, m.data, _rel(m.sent, now, h)) for m in w.undecided)),
+        tuple((k, tuple((m.src, m.data) for m in v)) for k, v in sorted(w.inbox.items()) if v),
+        tuple(sorted((k, tuple(sorted(v))) for k, v in w.granted_now.items())),
+        tuple(sorted((e, _rel(t, now, h)) for e, t in w.last_hb.items())),
+        tuple(sorted(w.budget.items())),
+        w.turn,
+        w.d_received,
+        w.d_alive,
+        _rel(w.paused_until, now, h) if w.paused() else None,
+        tuple(sorted(w.pending)),
+        w.broken,
+        ghosts,
+    )
+    return hashlib.blake2b(repr(state).encode(), digest_size=16).digest()

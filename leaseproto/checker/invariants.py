@@ -1,0 +1,156 @@
+"""The spec's invariants (§9), judged on the real objects against the ghosts.
+
+Each check raises :class:`~.world.Violation` with the invariant's id. Checks that
+need the step itself (a renewal's before/after, a release, a verdict) are called
+by :class:`~.world.World` as the step happens; :func:`check_state` runs after
+every step.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..core import wire
+from ..core.events import Release, ReleaseReason
+from .ghosts import Violation
+
+if TYPE_CHECKING:
+    from ..core.table import LeaseTable
+    from .ghosts import Action, Instance
+
+#: a :class:`~.world.World` (not imported: the world imports this module)
+World_ = Any
+
+__all__ = [
+    "INVARIANTS",
+    "check_reaped",
+    "check_release",
+    "check_renewal",
+    "check_schedule",
+    "check_state",
+    "check_use",
+    "check_verdict",
+    "tombstone_owed",
+]
+
+#: What the checker checks, by spec id (spec §9, "Coverage").
+INVARIANTS = {
+    "I1": "a renewal never shortens a live lease",
+    "I2": "a lease is live on P exactly when its ghost instance is (no revival; "
+    "an abort staged before the grant ends it at the grant)",
+    "I3": "every grant is released exactly once (one Release per instance)",
+    "I4": "after P's reap at now, no live lease has deadline <= now",
+    "I6": "bounded liveness: a live lease's deadline is within max(granted_at + ttl, "
+    "last renewal + lease_extension), so silence releases it by then",
+    "I8": "under §5's bounds, no lease of a request D tracks expires",
+    "I10": "a lease is released TRANSFERRED only after `readers` transfer-dones, "
+    "and is released once they all arrived (staged ones included)",
+    "I11": "after D's step every tracked engine not pending had a heartbeat less "
+    "than heartbeat_interval ago",
+    "I12": "P never expires a lease before its deadline",
+    "I13": "a transfer-done is answered OK exactly when its lease was live; an NK names "
+    "how the lease ended while P must remember it; D uses a read only if its blocks "
+    "were held; LL only for leases lost untransferred",
+}
+
+
+def _live_ids(table: LeaseTable) -> set[str]:
+    return set(table.live())
+
+
+def check_state(w: World_, act: Action) -> None:
+    """After every step: P's live leases are the ghost's live instances (I2, I3)."""
+    for p in w.P:
+        real = _live_ids(w.tables[p])
+        ghost = {r for r in w.R if w.live_inst(p, r) is not None}
+        for r in sorted(real - ghost):
+            raise Violation("I2", f"{r} is live on {p}, but its lease had ended")
+        for r in sorted(ghost - real):
+            raise Violation("I3", f"{r} left {p}'s table without a Release")
+
+
+def check_release(w: World_, p: str, r: str, inst: Instance, rel: Release) -> None:
+    if rel.reason is ReleaseReason.TRANSFERRED and inst.tds < len(w.D):
+        raise Violation(
+            "I10", f"{r} on {p} released TRANSFERRED after {inst.tds} of {len(w.D)} readers"
+        )
+    if rel.reason is ReleaseReason.EXPIRED:
+        if rel.deadline > rel.at:
+            raise Violation("I12", f"{r} on {p} expired at {rel.at}, before its deadline")
+        if not w.broken and w.phase.get(r) == "tracked" and len(w.inst[(p, r)]) == 1:
+            raise Violation("I8", f"{r} on {p} expired at {rel.at} while D tracked it")
+
+
+def check_reaped(w: World_, p: str) -> None:
+    table = w.tables[p]
+    ext = w.cfg.lease_extension
+    ttl = w.cfg.kv_lease_duration
+    for r in table.live():
+        info = table.lease_info(r)
+        assert info is not None
+        deadline, granted, last = info["deadline"], info["granted_at"], info["last_renewal"]
+        assert isinstance(deadline, float) and isinstance(granted, float)
+        if deadline <= w.now:
+            raise Violation(
+                "I4", f"{r} still live on {p} after the reap at {w.now} (deadline {deadline})"
+            )
+        bound = max(granted + ttl, (last if isinstance(last, float) else granted) + ext)
+        if deadline > bound:
+            raise Violation("I6", f"{r} on {p}: deadline {deadline} past its bound {bound}")
+
+
+def check_renewal(w: World_, p: str, before: dict[str, float | None], lost: list[str]) -> None:
+    table = w.tables[p]
+    for r, old in before.items():
+        new = table.deadline(r)
+        if old is not None and new is not None and new < old:
+            raise Violation("I1", f"a heartbeat moved {r}'s deadline on {p} from {old} to {new}")
+    for r in lost:
+        insts = w.inst.get((p, r))
+        if insts and not insts[-1].live and insts[-1].reason == "transferred":
+            raise Violation("I13", f"{p} reported {r} lost, but its lease was transferred")
+
+
+def tombstone_owed(w: World_, p: str, r: str) -> tuple[str, bool] | None:
+    """How ``r``'s last lease on ``p`` ended, and whether P must still remember
+    it (within capacity and ttl; past the ttl it may be pruned at any reap)."""
+    entry = w.tombs[p].get(r)
+    if entry is None:
+        return None
+    reason, at = entry
+    return reason, at + w.cfg.tombstone_ttl > w.now
+
+
+def check_verdict(
+    w: World_, p: str, r: str, *, live: bool, tomb: tuple[str, bool] | None, v: wire.Verdict
+) -> None:
+    ok = isinstance(v, wire.Ok)
+    if ok != live:
+        state = "live" if live else "ended or unknown"
+        raise Violation(
+            "I13", f"{p} answered {type(v).__name__} to {r}'s transfer-done, lease {state}"
+        )
+    if isinstance(v, wire.Nack) and tomb is not None:
+        reason, must = tomb
+        if v.reason != reason and (must or v.reason != "unknown"):
+            raise Violation("I13", f"{p} answered NK:{v.reason} for {r}, whose lease was {reason}")
+
+
+def check_use(w: World_, r: str) -> None:
+    for (rr, d, p), held in w.reads.items():
+        if rr == r and not held:
+            raise Violation("I13", f"D used {r}'s KV read by {d} from {p} after its lease ended")
+
+
+def check_schedule(w: World_) -> None:
+    """I11 against what D really put on the wire (the ghost ``last_hb``), not
+    the tracker's own record, which a bug could set without sending."""
+    interval = w.cfg.heartbeat_interval
+    for engine in w.tracker.engines():
+        if engine in w.pending:
+            continue
+        last = w.last_hb.get(engine)
+        if last is None or w.now - last >= interval:
+            raise Violation(
+                "I11", f"D stepped at {w.now} without a heartbeat to {engine} (last {last})"
+            )

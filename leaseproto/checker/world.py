@@ -1,0 +1,418 @@
+"""One state of the checked world: the real core objects plus the checker's ghosts.
+
+P ranks are real :class:`~leaseproto.LeaseTable` s, D's leader runs a real
+:class:`~leaseproto.HeartbeatTracker`, and every notification is real bytes
+made and parsed by :mod:`leaseproto.core.wire`. What is written here is only
+the glue a worker adds around them (spec §7-§8: P answers each transfer-done
+with the verdict :func:`~leaseproto.core.wire.verdict` picks, each lost
+heartbeat id with ``LL``; D uses a read only once every verdict is ``OK``) and
+*ghost* state, the ground truth the invariants of :mod:`.invariants` are judged
+against (which lease instances are live, how each ended, what every read saw).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import OrderedDict
+from typing import Any
+
+from ..core import wire
+from ..core.events import Release
+from ..core.table import LeaseTable
+from ..core.tracker import HeartbeatTracker
+from . import invariants as inv
+from .clone import clone_table, clone_tracker
+from .fingerprint import world_fingerprint
+from .ghosts import Action, Instance, Msg, Violation
+from .scope import Scope
+
+__all__ = ["Action", "Instance", "Msg", "Violation", "World"]
+
+
+class World:
+    """The mutable world; :meth:`copy` before :meth:`apply` to branch."""
+
+    def __init__(self, scope: Scope) -> None:
+        self.scope = scope
+        self.cfg = scope.config
+        self.P = [f"P{i}" for i in range(scope.p_ranks)]
+        self.D = [f"D{i}" for i in range(scope.d_ranks)]
+        self.R = [f"r{i}" for i in range(scope.requests)]
+        self.now = 0
+        self.tables = {p: LeaseTable(self.cfg) for p in self.P}
+        self.tracker = HeartbeatTracker(self.cfg)
+        #: in flight, to be decided at the next instant
+        self.net: list[Msg] = []
+        #: in flight, not yet decided at this instant
+        self.undecided: list[Msg] = []
+        #: arrived, handled at the receiver's next turn
+        self.inbox: dict[str, list[Msg]] = {}
+        #: whose turn it is at this instant: P ranks by index, then D
+        self.turn = 0
+        self.d_received = False
+        self.granted_now: dict[str, set[str]] = {}
+        #: ghost: when D last put a heartbeat to each engine on the wire
+        self.last_hb: dict[str, int] = {}
+        self.budget = {
+            "loss": scope.losses,
+            "dup": scope.dups,
+            "pause": 1 if scope.d_pause else 0,
+            "restart": scope.p_restarts,
+            "reconnect": scope.reconnects,
+            "regrant": scope.regrants,
+        }
+        self.d_alive = True
+        self.paused_until = -1
+        self.pending: set[str] = set()
+        #: §5's assumptions broken in this run (a pause, a restart, a lost
+        #: connection): I8 is not claimed then, every safety invariant still is
+        self.broken = False
+        # -- ghosts ----------------------------------------------------------------------
+        self.inst: dict[tuple[str, str], list[Instance]] = {}
+        self.staged: dict[tuple[str, str], int] = {}
+        self.staged_abort: set[tuple[str, str]] = set()
+        #: the tombstones P must keep (spec §6.3): per rank, id -> (reason, ended_at)
+        self.tombs: dict[str, OrderedDict[str, tuple[str, int]]] = {
+            p: OrderedDict() for p in self.P
+        }
+        self.first_grant: dict[str, int] = {}
+        #: D's view of each request: new | tracked | done | failed | aborted | crashed
+        self.phase = dict.fromkeys(self.R, "new")
+        self.reads: dict[tuple[str, str, str], bool] = {}  # (r, d, p) -> blocks live at the read
+        self.verdicts: dict[tuple[str, str, str], str] = {}
+
+    # -- branching ------------------------------------------------------------------------
+    def copy(self) -> World:
+        new = copy.copy(self)
+        new.tables = {p: clone_table(t) for p, t in self.tables.items()}
+        new.tracker = clone_tracker(self.tracker)
+        new.net = list(self.net)
+        new.undecided = list(self.undecided)
+        new.inbox = {k: list(v) for k, v in self.inbox.items()}
+        new.granted_now = {k: set(v) for k, v in self.granted_now.items()}
+        new.last_hb = dict(self.last_hb)
+        new.budget = dict(self.budget)
+        new.pending = set(self.pending)
+        new.inst = {k: [copy.copy(i) for i in v] for k, v in self.inst.items()}
+        new.staged = dict(self.staged)
+        new.staged_abort = set(self.staged_abort)
+        new.tombs = {p: OrderedDict(tb) for p, tb in self.tombs.items()}
+        new.first_grant = dict(self.first_grant)
+        new.phase = dict(self.phase)
+        new.reads = dict(self.reads)
+        new.verdicts = dict(self.verdicts)
+        return new
+
+    def live_inst(self, p: str, r: str) -> Instance | None:
+        insts = self.inst.get((p, r))
+        return insts[-1] if insts and insts[-1].live else None
+
+    def paused(self) -> bool:
+        return self.now < self.paused_until
+
+    def d_acts(self) -> bool:
+        return self.d_alive and not self.paused()
+
+    # -- what can happen ------------------------------------------------------------------
+    # Each instant runs in turns, as the workers' loops do: the network decides
+    # every message in flight (arrives now, stays in flight, is lost or
+    # duplicated), then each P rank takes its turn (grants, then its loop step:
+    # every arrived notification in arrival order, then expire), then D (its
+    # arrived verdicts, then routes, reads, aborts and faults, then its
+    # heartbeat step), then time ticks. A message takes at least one tick, so
+    # turns of different sides commute and fixing their order loses nothing.
+    def actions(self) -> list[Action]:
+        if self.undecided:
+            return self._net_actions()
+        if self.turn < len(self.P):
+            return self._p_actions(self.P[self.turn])
+        return self._d_actions()
+
+    def _net_actions(self) -> list[Action]:
+        out: list[Action] = []
+        seen: set[Msg] = set()
+        for i, m in enumerate(self.undecided):
+            if m in seen:
+                continue
+            seen.add(m)
+            out.append(("arrive", i))
+            if self.now - m.sent < self.scope.delay:
+                out.append(("hold", i))
+            if self.budget["loss"] > 0 and m.data.startswith(wire.HEARTBEAT_PREFIX):
+                out.append(("lose", i))
+            if self.budget["dup"] > 0:
+                out.append(("dup", i))
+        return out
+
+    def _p_actions(self, p: str) -> list[Action]:
+        out: list[Action] = []
+        if p not in self.granted_now:
+            table = self.tables[p]
+            for r in self.R:
+                insts = self.inst.get((p, r), [])
+                if r not in self.granted_now.get(p, ()) and (
+                    not insts
+                    or (not insts[-1].live and self.budget["regrant"] > 0 and r not in table)
+                ):
+                    out.append(("grant", p, r))
+        if self.budget["restart"] > 0:
+            out.append(("p_restart", p))
+        out.append(("p_step", p))
+        return out
+
+    def _d_actions(self) -> list[Action]:
+        if not self.d_acts():
+            return [("tick",)]
+        if not self.d_received:
+            return [("d_recv",)]
+        out: list[Action] = []
+        late = False
+        for r in self.R:
+            ph = self.phase[r]
+            if ph == "new" and r in self.first_grant:
+                out.append(("route", r))
+                late = late or self.now - self.first_grant[r] >= 1
+            if ph == "tracked":
+                out += [
+                    ("read", r, d, p) for d in self.D for p in self.P if (r, d, p) not in self.reads
+                ]
+                if self.scope.aborts:
+                    out.append(("abort", r))
+        for p in self.P:
+            if p in self.pending:
+                out.append(("reconnect", p))
+            elif self.budget["reconnect"] > 0:
+                out.append(("disconnect", p))
+        if self.scope.d_crash:
+            out.append(("d_crash",))
+        if self.budget["pause"] > 0:
+            out.append(("d_pause",))
+        if not late:  # the router hands a granted request to D within a tick (R = 1)
+            out.append(("d_step",))
+        return out
+
+    def label(self, act: Action) -> str:
+        name, *args = act
+        if name in ("arrive", "hold", "lose", "dup"):
+            m = self.undecided[args[0]]
+            return f"t={self.now} {name} {m.src}->{m.dst} {m.data.decode(errors='replace')!r}"
+        return f"t={self.now} {name} {' '.join(map(str, args))}".rstrip()
+
+    # -- applying -------------------------------------------------------------------------
+    def apply(self, act: Action) -> None:
+        """Take ``act``; raises :class:`Violation` when an invariant fails."""
+        name, *args = act
+        getattr(self, "_do_" + name)(*args)
+        inv.check_state(self, act)
+
+    def _do_arrive(self, i: int) -> None:
+        m = self.undecided.pop(i)
+        self.inbox.setdefault(m.dst, []).append(m)
+
+    def _do_hold(self, i: int) -> None:
+        self.net.append(self.undecided.pop(i))
+
+    def _do_lose(self, i: int) -> None:
+        self.budget["loss"] -= 1
+        del self.undecided[i]
+
+    def _do_dup(self, i: int) -> None:
+        self.budget["dup"] -= 1
+        self.undecided.append(self.undecided[i])
+
+    def _send(self, src: str, dst: str, data: bytes) -> None:
+        self.net.append(Msg(src, dst, data, self.now))
+
+    def _do_tick(self) -> None:
+        self.now += 1
+        self.turn = 0
+        self.d_received = False
+        self.granted_now = {}
+        self.undecided, self.net = self.net, []
+
+    def _do_grant(self, p: str, r: str) -> None:
+        self.granted_now.setdefault(p, set()).add(r)
+        insts = self.inst.setdefault((p, r), [])
+        if insts:
+            self.budget["regrant"] -= 1
+        table = self.tables[p]
+        dropped = table.stats.early_dropped
+        res = table.grant(r, now=float(self.now))
+        inst = Instance(tds=self.staged.pop((p, r), 0))
+        insts.append(inst)
+        self.tombs[p].pop(r, None)
+        self.first_grant.setdefault(r, self.now)
+        aborted = (p, r) in self.staged_abort
+        self.staged_abort.discard((p, r))
+        if isinstance(res, Release):
+            self.released(p, r, res)
+        if aborted and inst.live:
+            raise Violation("I2", f"{r} on {p}: D's abort, staged before the grant, was ignored")
+        if inst.tds >= len(self.D) and inst.live and table.stats.early_dropped == dropped:
+            raise Violation(
+                "I10", f"{r} on {p}: {inst.tds} staged transfer-dones did not complete it"
+            )
+
+    def released(self, p: str, r: str, rel: Release) -> None:
+        inst = self.live_inst(p, r)
+        if inst is None:
+            raise Violation("I3", f"{r} on {p} released again ({rel.reason.value})")
+        inv.check_release(self, p, r, inst, rel)
+        inst.live = False
+        inst.reason = rel.reason.value
+        inst.ended_at = self.now
+        tombs = self.tombs[p]
+        tombs[r] = (inst.reason, self.now)
+        tombs.move_to_end(r)
+        while len(tombs) > self.cfg.tombstone_capacity:
+            tombs.popitem(last=False)
+
+    def _do_p_step(self, p: str) -> None:
+        """P's loop step: every arrived notification, then expire (workers/prefill.py)."""
+        self.turn += 1
+        for m in self.inbox.pop(p, []):
+            self._at_p(p, m.src, wire.decode(m.data))
+        for rel in self.tables[p].expire(now=float(self.now)):
+            self.released(p, rel.req_id, rel)
+        ttl = self.cfg.tombstone_ttl  # P prunes tombstones older than their ttl when it reaps
+        tombs = self.tombs[p]
+        for r in [r for r, (_, at) in tombs.items() if at + ttl <= self.now]:
+            del tombs[r]
+        inv.check_reaped(self, p)
+
+    def _do_p_restart(self, p: str) -> None:
+        self.budget["restart"] -= 1
+        self.broken = True
+        self.tables[p] = LeaseTable(self.cfg)
+        self.inbox.pop(p, None)
+        for (q, _), insts in self.inst.items():
+            if q == p and insts and insts[-1].live:
+                insts[-1].live, insts[-1].reason, insts[-1].ended_at = False, "restart", self.now
+        self.tombs[p].clear()
+        for key in [k for k in self.staged if k[0] == p]:
+            del self.staged[key]
+        self.staged_abort = {k for k in self.staged_abort if k[0] != p}
+
+    def _untrack(self, r: str, phase: str) -> None:
+        self.phase[r] = phase
+        for p in self.P:
+            self.tracker.untrack(f"{r}@{p}")
+
+    def _do_d_recv(self) -> None:
+        """D's loop, first part: every arrived verdict and lease-lost."""
+        self.d_received = True
+        for d in self.D:
+            for m in self.inbox.pop(d, []):
+                self._at_d(m.src, d, wire.decode(m.data))
+
+    def _do_route(self, r: str) -> None:
+        self.phase[r] = "tracked"
+        for p in self.P:
+            self.tracker.track(f"{r}@{p}", engine_id=p, remote_req_id=r, now=float(self.now))
+
+    def _do_d_step(self) -> None:
+        """D's heartbeat step: ``due``, each engine's heartbeat onto the wire."""
+        due = self.tracker.due(now=float(self.now), pending=self.pending)
+        for engine, ids in due.items():
+            self.last_hb[engine] = self.now
+            for payload in wire.encode_heartbeat(ids, max_bytes=self.cfg.max_notification_bytes):
+                self._send(self.D[0], engine, payload)
+        for engine in [e for e in self.last_hb if e not in self.tracker.engines()]:
+            del self.last_hb[engine]
+        inv.check_schedule(self)
+        self._do_tick()
+
+    def _do_read(self, r: str, d: str, p: str) -> None:
+        held = r in self.tables[p] or not self.inst.get((p, r))
+        self.reads[(r, d, p)] = held
+        self._send(d, p, wire.encode_transfer_done(r, len(self.D)))
+
+    def _do_abort(self, r: str) -> None:
+        self._untrack(r, "aborted")
+        for p in self.P:
+            self._send(self.D[0], p, wire.encode_abort(r))
+
+    def _do_d_crash(self) -> None:
+        self.d_alive = False
+        self.tracker = HeartbeatTracker(self.cfg)
+        self.last_hb = {}
+        for r, ph in self.phase.items():
+            if ph in ("new", "tracked"):
+                self.phase[r] = "crashed"
+        self._do_tick()
+
+    def _do_d_pause(self) -> None:
+        self.budget["pause"] -= 1
+        self.broken = True
+        self.paused_until = self.now + self.scope.d_pause
+        self._do_tick()
+
+    def _do_disconnect(self, p: str) -> None:
+        self.budget["reconnect"] -= 1
+        self.broken = True
+        self.pending.add(p)
+
+    def _do_reconnect(self, p: str) -> None:
+        self.pending.discard(p)
+
+    # -- P's worker glue (spec §8.2-8.4) --------------------------------------------------
+    def _at_p(self, p: str, src: str, msg: Any) -> None:
+        table = self.tables[p]
+        now = float(self.now)
+        if isinstance(msg, wire.Heartbeat):
+            before = {r: table.deadline(r) for r in msg.ids}
+            lost: list[str] = []
+            table.renew(msg.ids, now=now, lost=lost)
+            inv.check_renewal(self, p, before, lost)
+            for r in lost:
+                reason = wire.lease_lost(r, table.lost_reason(r, now=now))
+                self._send(p, self.D[0], wire.encode(reason)[0])
+        elif isinstance(msg, wire.TransferDone):
+            r = msg.req_id
+            inst = self.live_inst(p, r)
+            tomb = inv.tombstone_owed(self, p, r)
+            res = table.transfer_done(r, now=now, readers=msg.count)
+            if inst is not None:
+                inst.tds += 1
+            elif res is None:
+                self.staged[(p, r)] = self.staged.get((p, r), 0) + 1
+            if isinstance(res, Release):
+                self.released(p, r, res)
+            verdict = wire.verdict(r, res)
+            inv.check_verdict(self, p, r, live=inst is not None, tomb=tomb, v=verdict)
+            self._send(p, src, wire.encode(verdict)[0])
+        elif isinstance(msg, wire.Abort):
+            r = msg.req_id
+            inst = self.live_inst(p, r)
+            known = table.ended(r) is not None
+            dropped = table.stats.early_dropped
+            res = table.abort(r, now=now)
+            if isinstance(res, Release):
+                self.released(p, r, res)
+            elif inst is None and not known and table.stats.early_dropped == dropped:
+                self.staged_abort.add((p, r))
+        else:
+            raise Violation("wire", f"P received {msg!r}, which only P sends")
+
+    # -- D's worker glue (spec §7.3-7.4) --------------------------------------------------
+    def _at_d(self, p: str, d: str, msg: Any) -> None:
+        r = msg.req_id
+        if not self.d_alive or self.phase.get(r) != "tracked":
+            return  # late: D is done with it
+        if isinstance(msg, (wire.Ok, wire.Nack)):
+            self.verdicts[(r, d, p)] = "OK" if isinstance(msg, wire.Ok) else "NK"
+            if isinstance(msg, wire.Nack):
+                self._untrack(r, "failed")  # discard the read, recompute
+            elif all(self.verdicts.get((r, e, q)) == "OK" for e in self.D for q in self.P):
+                inv.check_use(self, r)
+                self._untrack(r, "done")
+        elif isinstance(msg, wire.LeaseLost):
+            # advisory: never overrides a verdict; D fails over only before reading
+            if not any((r, e, p) in self.reads for e in self.D):
+                self._untrack(r, "failed")
+        else:
+            raise Violation("wire", f"D received {msg!r}, which only D sends")
+
+    # -- canonical fingerprint ------------------------------------------------------------
+    def fingerprint(self) -> bytes:
+        return world_fingerprint(self)
