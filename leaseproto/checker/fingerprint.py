@@ -77,6 +77,7 @@ def world_fingerprint(w: World_) -> bytes:
         ),
         tuple(sorted(w.staged.items())),
         tuple(sorted(w.staged_abort)),
+        tuple(sorted(w.staged_mark.items())),
         tuple(
             (p, tuple((r, x, _rel(at, now, h)) for r, (x, at) in tb.items()))
             for p, tb in w.tombs.items()

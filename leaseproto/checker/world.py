@@ -71,6 +71,8 @@ class World:
         self.inst: dict[tuple[str, str], list[Instance]] = {}
         self.staged: dict[tuple[str, str], int] = {}
         self.staged_abort: set[tuple[str, str]] = set()
+        #: P's count of dropped staged notifications when (p, r) was first staged
+        self.staged_mark: dict[tuple[str, str], int] = {}
         #: the tombstones P must keep (spec §6.3): per rank, id -> (reason, ended_at)
         self.tombs: dict[str, OrderedDict[str, tuple[str, int]]] = {
             p: OrderedDict() for p in self.P
@@ -96,6 +98,7 @@ class World:
         new.inst = {k: [copy.copy(i) for i in v] for k, v in self.inst.items()}
         new.staged = dict(self.staged)
         new.staged_abort = set(self.staged_abort)
+        new.staged_mark = dict(self.staged_mark)
         new.tombs = {p: OrderedDict(tb) for p, tb in self.tombs.items()}
         new.first_grant = dict(self.first_grant)
         new.phase = dict(self.phase)
@@ -236,7 +239,8 @@ class World:
         if insts:
             self.budget["regrant"] -= 1
         table = self.tables[p]
-        dropped = table.stats.early_dropped
+        # staged notifications P may forget (staging_ttl, capacity): checked only if none was
+        dropped = self.staged_mark.pop((p, r), table.stats.early_dropped)
         res = table.grant(r, now=float(self.now))
         inst = Instance(tds=self.staged.pop((p, r), 0))
         insts.append(inst)
@@ -246,9 +250,10 @@ class World:
         self.staged_abort.discard((p, r))
         if isinstance(res, Release):
             self.released(p, r, res)
-        if aborted and inst.live:
+        lossless = table.stats.early_dropped == dropped
+        if aborted and inst.live and lossless:
             raise Violation("I2", f"{r} on {p}: D's abort, staged before the grant, was ignored")
-        if inst.tds >= len(self.D) and inst.live and table.stats.early_dropped == dropped:
+        if inst.tds >= len(self.D) and inst.live and lossless:
             raise Violation(
                 "I10", f"{r} on {p}: {inst.tds} staged transfer-dones did not complete it"
             )
@@ -292,6 +297,7 @@ class World:
         for key in [k for k in self.staged if k[0] == p]:
             del self.staged[key]
         self.staged_abort = {k for k in self.staged_abort if k[0] != p}
+        self.staged_mark = {k: v for k, v in self.staged_mark.items() if k[0] != p}
 
     def _untrack(self, r: str, phase: str) -> None:
         self.phase[r] = phase
@@ -376,6 +382,7 @@ class World:
                 inst.tds += 1
             elif res is None:
                 self.staged[(p, r)] = self.staged.get((p, r), 0) + 1
+                self.staged_mark.setdefault((p, r), table.stats.early_dropped)
             if isinstance(res, Release):
                 self.released(p, r, res)
             verdict = wire.verdict(r, res)
@@ -391,6 +398,7 @@ class World:
                 self.released(p, r, res)
             elif inst is None and not known and table.stats.early_dropped == dropped:
                 self.staged_abort.add((p, r))
+                self.staged_mark.setdefault((p, r), dropped)
         else:
             raise Violation("wire", f"P received {msg!r}, which only P sends")
 

@@ -19,7 +19,7 @@ import types
 import weakref
 from typing import Any
 
-from .state import TRANSITIONS, Guard, Input, LeaseState
+from .state import TRANSITIONS, Guard, Input, LeaseState, Transition
 from .sym import conj, ite, vmax, vmin
 
 __all__ = [
@@ -75,12 +75,16 @@ def next_state(state: int, inp: Input, guard: bool) -> int:
         if t.guard is Guard.ALWAYS:
             return int(t.target)
         return ite(guard, int(t.target), state)
-    result: int = NO_ROW
-    for (src, i), t in TRANSITIONS.items():
-        if i is not inp:
-            continue
-        target = int(t.target) if t.guard is Guard.ALWAYS else ite(guard, int(t.target), int(src))
-        result = ite(state == int(src), target, result)
+    rows = [(src, t) for (src, i), t in TRANSITIONS.items() if i is inp]
+
+    def target(src: LeaseState, t: Transition) -> int:
+        return int(t.target) if t.guard is Guard.ALWAYS else ite(guard, int(t.target), int(src))
+
+    # every state has a row: the last one needs no test (a shorter term for z3)
+    total = {src for src, _ in rows} == set(LeaseState)
+    result = target(*rows.pop()) if total else NO_ROW
+    for src, t in rows:
+        result = ite(state == int(src), target(src, t), result)
     return result
 
 
