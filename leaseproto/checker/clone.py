@@ -62,6 +62,16 @@ def clone_table(t: LeaseTable) -> LeaseTable:
 
 def clone_tracker(t: HeartbeatTracker) -> HeartbeatTracker:
     new = copy.copy(t)
+    by_engine = {e: copy.copy(reqs) for e, reqs in t._by_engine.items()}
     for name, value in vars(t).items():
-        setattr(new, name, _copy_value(value))
+        if name == "_by_engine":
+            new._by_engine = by_engine
+        elif name == "_engine_of":  # shares its values with _by_engine
+            new._engine_of = {
+                rid: by_engine[v.engine] if hasattr(v, "engine") else v for rid, v in value.items()
+            }
+        elif isinstance(value, (dict, list, set)):
+            setattr(new, name, type(value)(value))
+        else:
+            setattr(new, name, value)
     return new

@@ -62,9 +62,13 @@ def table_fp(t: LeaseTable, now: float, h: float) -> tuple[Any, ...]:
 
 
 def tracker_fp(t: HeartbeatTracker, now: float, h: float) -> tuple[Any, ...]:
-    by_engine = tuple((e, tuple(reqs.items())) for e, reqs in t._by_engine.items())
-    last = tuple((e, _rel(v, now, h)) for e, v in t._last_sent.items())
-    return by_engine, last, _rel(t._oldest, now, h), _rel(t._last_now, now, h)
+    v = vars(t)
+    by_engine = tuple((e, tuple(reqs.items())) for e, reqs in v["_by_engine"].items())
+    last = tuple((e, _rel(x, now, h)) for e, x in v["_last_sent"].items())
+    order = v.get("_order", {})
+    ranks = tuple(sorted(order, key=order.__getitem__))  # the counter behind it only grows
+    timers = tuple((k, _rel(v[k], now, h)) for k in ("_oldest", "_next_at", "_last_now") if k in v)
+    return by_engine, last, tuple(v.get("_unsent", ())), ranks, timers
 
 
 def world_fingerprint(w: World_) -> bytes:
