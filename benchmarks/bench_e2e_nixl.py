@@ -15,7 +15,12 @@ the time from D's SIGKILL to P's release of its last block.
    ``lease_extension + heartbeat_interval`` (the spec's reclaim bound, plus
    the interval for the heartbeat D might have been about to send).
 
-    python benchmarks/bench_e2e_nixl.py [--runs 3] [--trips 300]
+3. Verified reads: the same requests one at a time, once with D waiting for
+   P's OK before it uses a read (the default) and once without
+   (``--unverified-reads``): the added latency per request, and D's own
+   measure of it (mean time from the READ's completion to the last OK).
+
+    python benchmarks/bench_e2e_nixl.py [--runs 3] [--trips 300] [--verdict-requests 100]
 """
 
 from __future__ import annotations
@@ -152,11 +157,40 @@ def reclaim_run(n_requests: int) -> dict[str, Any]:
     }
 
 
+def verdict_run(n_requests: int, *, verified: bool) -> dict[str, Any]:
+    """One cluster: ``n_requests`` one after another (max_tokens 1, no modelled
+    step time), each request's latency at the client; with ``verified`` D
+    uses a read only after P's OK (the default), without it D uses reads
+    unverified (``--unverified-reads``, stock behaviour)."""
+    from leaseproto.workers.cluster import Cluster, ClusterSpec  # noqa: PLC0415
+
+    extra = {} if verified else {"decode": ["--unverified-reads"]}
+    spec = ClusterSpec(kv_lease_duration=3.0, max_running=1, d_step_time=0.0, extra=extra)
+    latencies = []
+    with Cluster(spec) as cluster:
+        client = cluster.client()
+        try:
+            for i in range(n_requests + 5):  # the first 5 warm up (handshake, caches)
+                client.submit(f"v{i}", [(11 * i + j) % 50 for j in range(10)], 1)
+                got = client.wait_all(deadline=time.monotonic() + 30.0)
+                r = got.get(f"v{i}")
+                if r is None or not r["ok"] or r["recomputed"]:
+                    raise RuntimeError(f"request v{i} did not complete from P's KV: {r}")
+                if i >= 5:
+                    latencies.append(r["_latency"])
+            d = cluster.stats(cluster.decode[0])
+        finally:
+            client.close()
+    waits = d["verdict_wait_us"] / max(1, d["verified_reads"]) / 1e6
+    return {"latencies": latencies, "verified": d["verified_reads"], "wait": waits}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--requests", type=int, default=10)
     ap.add_argument("--trips", type=int, default=300)
+    ap.add_argument("--verdict-requests", type=int, default=100)
     args = ap.parse_args(argv)
     print(f"end to end over NIXL (UCX, CPU memory, loopback); {machine()}")
     payloads = [wire.encode_heartbeat(_ids(n))[0] for n in (1, 70)]
@@ -189,6 +223,35 @@ def main(argv: Sequence[str] | None = None) -> int:
             ],
             rows,
         )
+    )
+    runs = {v: verdict_run(args.verdict_requests, verified=v) for v in (True, False)}
+    on, off = runs[True]["latencies"], runs[False]["latencies"]
+    print(
+        f"request latency, {args.verdict_requests} requests one at a time (max_tokens 1), "
+        "verified reads on and off:"
+    )
+    print(
+        table(
+            ["reads", "median ms", "p90 ms", "min ms", "reads verified", "mean wait for OK ms"],
+            [
+                [
+                    name,
+                    f"{statistics.median(lat) * 1e3:.2f}",
+                    f"{pct(lat, 90) * 1e3:.2f}",
+                    f"{min(lat) * 1e3:.2f}",
+                    str(r["verified"]),
+                    f"{r['wait'] * 1e3:.2f}" if r["verified"] else "-",
+                ]
+                for name, lat, r in (
+                    ("verified (OK from P)", on, runs[True]),
+                    ("unverified (stock)", off, runs[False]),
+                )
+            ],
+        )
+    )
+    print(
+        "added latency per request (median): "
+        f"{(statistics.median(on) - statistics.median(off)) * 1e3:+.2f} ms"
     )
     results = [reclaim_run(args.requests) for _ in range(args.runs)]
     rows = [

@@ -163,10 +163,19 @@ def register(sub: Any) -> None:
         help="extra time per decode step (models a busy accelerator)",
     )
     dec.add_argument(
+        "--on-lost-kv",
         "--on-kv-loss",
-        choices=("recompute", "error"),
+        dest="on_kv_loss",
+        choices=("recompute", "fail", "error"),
         default="recompute",
-        help="when P's KV is lost (P gone, NACK): recompute locally or fail",
+        help="when P's KV is lost or unconfirmed (P gone, NK, no verdict in time): "
+        "recompute locally or fail the request ('error' is the old name of 'fail')",
+    )
+    dec.add_argument(
+        "--unverified-reads",
+        action="store_true",
+        help="use what was read without waiting for P's verdict, as stock vLLM does "
+        "(unsafe: only to measure what verified reads cost)",
     )
     dec.add_argument(
         "--lease-mismatch",
@@ -252,6 +261,7 @@ def _worker(args: argparse.Namespace) -> Any:
         max_running=args.max_running,
         step_time=args.step_time,
         on_kv_loss=args.on_kv_loss,
+        verify_reads=not args.unverified_reads,
         followers=list(args.follower),
         lease_mismatch=args.lease_mismatch,
         engine_id=args.engine_id,

@@ -31,13 +31,13 @@ from typing import Any
 
 import zmq
 
-from ..adapters.kv_pool import LayoutError
 from ..core import wire
 from ..core.errors import LocalProtocolError
 from ..core.tracker import HeartbeatTracker
 from .backend import KVBackend
 from .decode_follower import Followers
 from .decode_leases import DecodeLeases
+from .decode_reads import DecodeReads
 from .decode_state import DecodeOptions, Engine, Req
 from .loop import EngineLoop
 from .metrics import DecodeMetrics, stats_dict
@@ -51,7 +51,7 @@ log = logging.getLogger("leaseproto.decode")
 _IDLE_WAIT_S = 0.005
 
 
-class DecodeWorker(DecodeLeases, EngineLoop):
+class DecodeWorker(DecodeReads, DecodeLeases, EngineLoop):
     """Decode rank 0: schedules, heartbeats and decodes."""
 
     def __init__(self, opts: DecodeOptions) -> None:
@@ -84,6 +84,11 @@ class DecodeWorker(DecodeLeases, EngineLoop):
             "heartbeats_sent": 0,
             "engines_dropped": 0,
             "late_first_heartbeats": 0,
+            "verified_reads": 0,
+            "verdicts_nk": 0,
+            "verdict_timeouts": 0,
+            "verdict_wait_us": 0,
+            "lease_lost": 0,
         }
         self.drops = DropLog(log)
         self.gate = NotificationGate(
@@ -186,7 +191,14 @@ class DecodeWorker(DecodeLeases, EngineLoop):
         agents = tuple(r.agent for r in req.ranks)
         engine = self.engines.get(req.engine_id)
         if engine is None or engine.agents != agents:
-            engine = Engine(req.engine_id, agents, list(req.ranks))
+            engine = Engine(
+                req.engine_id,
+                agents,
+                list(req.ranks),
+                verified=self.opts.policy == "lease"
+                and self.opts.verify_reads
+                and all(r.verdicts for r in req.ranks),
+            )
             for rank in req.ranks:  # ValueError: NIXL refuses the address; nothing kept
                 self.backend.connect(rank.agent, rank.host, rank.nixl_port)
             self.engines[req.engine_id] = engine
@@ -258,80 +270,6 @@ class DecodeWorker(DecodeLeases, EngineLoop):
                 self._recompute(req)
             else:
                 self._start_reads(req)
-
-    def _ready_to_read(self, req: Req) -> bool:
-        engine = self.engines.get(req.engine_id)
-        return engine is not None and all(self.backend.is_connected(a) for a in engine.agents)
-
-    def _start_reads(self, req: Req) -> None:
-        req.state = "reading"
-        req.read_started = self._clock()
-        # vLLM's n: how many D ranks notify each P rank (its completion threshold)
-        notif = wire.encode_transfer_done(
-            req.remote_req_id, max(1, self.opts.tp // max(1, len(req.ranks)))
-        )
-        try:
-            plan = self.backend.read_plan(req.ranks, req.blocks, req.num_tokens)
-        except (LayoutError, ValueError) as exc:
-            self._malformed(f"transfer parameters of req {req.req_id}: {exc}")
-            self._kv_lost(req, f"unusable transfer parameters: {exc}", abort=True)
-            return
-        for rank, local, remote in plan:
-            req.transfers.append(self.backend.read(rank.agent, local, remote, notif_msg=notif))
-        req.followers_pending.update(self.followers.ranks)
-        refused = self.followers.read(req)
-        if refused is not None:
-            self._kv_lost(req, f"decode rank {refused} is not taking requests", abort=True)
-
-    def _reads_progress(self) -> None:
-        for req in list(self.running.values()):
-            if req.state != "reading":
-                continue
-            states = [self.backend.transfer_state(x) for x in req.transfers]
-            failed = [x for x in req.transfers if x.state == "ERR"]
-            if failed:
-                self.metrics.transfers.labels(outcome="failed").inc()
-                self._kv_lost(
-                    req, f"READ from {failed[0].peer} failed: {failed[0].error}", abort=True
-                )
-                continue
-            if all(s == "DONE" for s in states) and not req.followers_pending:
-                for x in req.transfers:
-                    self.backend.release(x)
-                req.transfers.clear()
-                self.tracker.untrack(req.req_id)  # transfer done: stop heartbeating
-                self.metrics.transfers.labels(outcome="done").inc()
-                self.metrics.transfer_time.observe(self._clock() - req.read_started)
-                req.start_token = req.first_token
-                req.kv_in = True
-                req.state = "decoding"
-
-    def _from_follower(self, rank: int, msg: Msg | None) -> None:
-        if msg is None:
-            log.error("decode rank %d disconnected: requests reading through it fail over", rank)
-            for r in list(self.running.values()):
-                if rank in r.followers_pending:
-                    self._kv_lost(r, f"decode rank {rank} disconnected", abort=True)
-            return
-        op = msg.get("op")
-        req = self.running.get(str(msg.get("req_id")))
-        if op == "read_done" and req is not None and rank in req.followers_pending:
-            try:
-                kv = msg.get("kv")
-                if not isinstance(kv, bytes):
-                    raise ValueError("no KV bytes in the answer")
-                self.backend.import_shard(rank, self.opts.tp, req.blocks, req.num_tokens, kv)
-            except ValueError as exc:
-                self._kv_lost(req, f"decode rank {rank} sent a bad shard: {exc}", abort=True)
-                return
-            req.followers_pending.discard(rank)
-        elif op == "read_failed" and req is not None and rank in req.followers_pending:
-            self.metrics.transfers.labels(outcome="failed").inc()
-            self._kv_lost(req, f"decode rank {rank}: {msg.get('error')}", abort=True)
-        elif op == "nack":
-            self._nack(str(msg.get("remote_req_id")), str(msg.get("reason")), f"rank {rank}")
-        elif op == "peer_lost":
-            self._peer_lost(str(msg.get("agent")), str(msg.get("reason")))
 
     def compute(self) -> None:
         """One decode step of the running set. The model produces a request's

@@ -25,7 +25,7 @@ import zmq
 from ..adapters.xfer import Transfer
 from ..core import wire
 from .backend import KVBackend
-from .decode_state import DecodeOptions, Req
+from .decode_state import DecodeOptions, Req, hello, verdict_wait
 from .loop import EngineLoop
 from .messages import RankParams, parse
 from .metrics import DecodeMetrics
@@ -33,6 +33,11 @@ from .notifications import DropLog, NotificationGate
 from .plane import Msg, Peer, Server
 
 __all__ = ["DecodeFollower", "Followers"]
+
+
+def _msg_id(msg: wire.Message) -> str | None:
+    return getattr(msg, "req_id", None)
+
 
 log = logging.getLogger("leaseproto.decode")
 
@@ -93,7 +98,12 @@ class _Read:
     num_tokens: int
     blocks: list[int]
     started: float
+    remote: str = ""
     transfers: list[Transfer] = field(default_factory=list)
+    #: P agents whose verdict is still awaited (reads of a P that advertised)
+    verdicts_due: set[str] = field(default_factory=set)
+    verify_by: float = 0.0
+    error: str | None = None
 
 
 class DecodeFollower(EngineLoop):
@@ -112,6 +122,9 @@ class DecodeFollower(EngineLoop):
         self.waiting: list[tuple[list[bytes], Msg]] = []  # reads waiting for blocks
         self.leader: list[bytes] | None = None
         self.counts = {"reads_done": 0, "reads_failed": 0, "nacks": 0, "malformed": 0}
+        self.verified_agents: set[str] = set()  # P ranks that advertised verdicts
+        self.acked: set[str] = set()  # ... and acknowledged ours
+        self.hello_sent: dict[str, float] = {}
         self.drops = DropLog(log)
         self.gate = NotificationGate(
             self.drops, max_bytes=opts.max_notification_in, known=self.backend.is_connected
@@ -153,6 +166,8 @@ class DecodeFollower(EngineLoop):
                 for r in msg.get("ranks", []):
                     rank = parse(r, RankParams)
                     self.backend.connect(rank.agent, rank.host, rank.nixl_port)
+                    if rank.verdicts and self.opts.policy == "lease" and self.opts.verify_reads:
+                        self.verified_agents.add(rank.agent)
             elif op == "read":
                 self.waiting.append((envelope, msg))
             elif not self.common_op(envelope, msg):
@@ -185,11 +200,14 @@ class DecodeFollower(EngineLoop):
                     {"op": "read_failed", "req_id": req_id, "error": f"bad read request: {exc}"},
                 )
                 continue
+            verified = [r.agent for r in ranks if r.agent in self.verified_agents]
+            if any(a not in self.acked for a in verified):
+                return  # the capability handshake with P is still running
             blocks = self.backend.alloc_for(num_tokens)
             if blocks is None:
                 return
             self.waiting.pop(0)
-            rd = _Read(envelope, req_id, num_tokens, blocks, time.monotonic())
+            rd = _Read(envelope, req_id, num_tokens, blocks, time.monotonic(), remote)
             try:
                 plan = self.backend.read_plan(ranks, blocks, num_tokens)
             except ValueError as exc:  # LayoutError included
@@ -207,6 +225,8 @@ class DecodeFollower(EngineLoop):
                 rd.transfers.append(
                     self.backend.read(rank.agent, local, remote_descs, notif_msg=notif)
                 )
+                if rank.agent in verified:
+                    rd.verdicts_due.add(rank.agent)
             self.reads[req_id] = rd
 
     def _progress(self) -> None:
@@ -214,13 +234,22 @@ class DecodeFollower(EngineLoop):
         for rd in list(self.reads.values()):
             states = [self.backend.transfer_state(x) for x in rd.transfers]
             failed = [x for x in rd.transfers if x.state == "ERR"]
-            error = None
-            if failed:
+            error = rd.error
+            if error is not None:
+                pass
+            elif failed:
                 error = f"READ from {failed[0].peer} failed: {failed[0].error}"
             elif now - rd.started > _READ_TIMEOUT_S and not all(s == "DONE" for s in states):
                 error = f"READ still in progress after {_READ_TIMEOUT_S:g} s"
             if error is None and not all(s == "DONE" for s in states):
                 continue
+            if error is None and rd.verdicts_due:  # read, but not yet confirmed by P
+                if not rd.verify_by:
+                    rd.verify_by = now + verdict_wait(self.opts.config)
+                    continue
+                if now < rd.verify_by:
+                    continue
+                error = f"no verdict from {', '.join(sorted(rd.verdicts_due))} after the READ"
             del self.reads[rd.req_id]
             for x in rd.transfers:
                 self.backend.release(x)
@@ -250,15 +279,43 @@ class DecodeFollower(EngineLoop):
                 self.metrics.malformed.inc()
                 self.drops.drop("malformed notification", f"from {sender}: {exc}")
                 continue
-            if isinstance(msg, wire.Nack):
-                self.counts["nacks"] += 1
-                self.metrics.nacks.inc()
-                self._to_leader({"op": "nack", "remote_req_id": msg.req_id, "reason": msg.reason})
+            self._notification(sender, msg)
         for agent, reason in self.backend.take_lost_peers():
             self._to_leader({"op": "peer_lost", "agent": agent, "reason": reason})
         self.drops.flush()
+        self._hellos()
         self._start()
         self._progress()
+
+    def _hellos(self) -> None:
+        now = time.monotonic()
+        for agent in self.verified_agents - self.acked:
+            if not self.backend.is_connected(agent):
+                continue
+            if now - self.hello_sent.get(agent, -1e18) >= self.opts.config.heartbeat_interval:
+                self.hello_sent[agent] = now
+                self.backend.send(agent, hello())
+
+    def _notification(self, sender: str, msg: wire.Message) -> None:
+        """Verdicts decide this rank's reads; LL and NACKs of an engine that
+        gives no verdicts go to rank 0, which owns the scheduler."""
+        if isinstance(msg, wire.Ok) and msg.req_id == wire.CAPABILITY:
+            self.acked.add(sender)
+            return
+        rd = next((r for r in self.reads.values() if r.remote == _msg_id(msg)), None)
+        if isinstance(msg, (wire.Ok, wire.Nack)) and rd is not None and sender in rd.verdicts_due:
+            if isinstance(msg, wire.Ok):
+                rd.verdicts_due.discard(sender)
+            else:
+                self.counts["nacks"] += 1
+                self.metrics.nacks.inc()
+                rd.error = f"NK ({msg.reason}) from {sender}: the lease had ended"
+        elif isinstance(msg, wire.Nack):
+            self.counts["nacks"] += 1
+            self.metrics.nacks.inc()
+            self._to_leader({"op": "nack", "remote_req_id": msg.req_id, "reason": msg.reason})
+        elif isinstance(msg, wire.LeaseLost):
+            self._to_leader({"op": "lease_lost", "remote_req_id": msg.req_id, "reason": msg.reason})
 
     def describe(self) -> str:
         o = self.opts

@@ -3,7 +3,8 @@ on, and what comes back from P (NACKs, lost peers).
 
 :class:`DecodeLeases` is the part of :class:`~leaseproto.workers.decode.DecodeWorker`
 that talks to P engines about leases; the worker supplies the state it reads
-(declared below) and ``_kv_lost``, which fails a request over.
+(declared below) and ``_kv_lost``, which fails a request over. Verdicts and
+``LL`` are dispatched to :mod:`.decode_reads`.
 """
 
 from __future__ import annotations
@@ -55,6 +56,15 @@ class DecodeLeases:
     def _kv_lost(self, req: Req, reason: str, *, abort: bool = False) -> None:
         raise NotImplementedError
 
+    def _hellos(self) -> None:
+        raise NotImplementedError
+
+    def _verdict(self, sender: str, msg: wire.Ok | wire.Nack) -> None:
+        raise NotImplementedError
+
+    def _lease_lost(self, sender: str, remote_req_id: str, reason: str) -> None:
+        raise NotImplementedError
+
     # -- lease step -----------------------------------------------------------------------
     def _pending(self) -> set[str]:
         return {
@@ -73,6 +83,7 @@ class DecodeLeases:
             due = self.tracker.due(now=now, pending=self._pending())
             for engine_id, ids in due.items():
                 self._heartbeat(engine_id, ids)
+        self._hellos()
         for sender, payload in self.gate.admit(self.backend.poll()):
             self._notification(sender, payload)
         self.drops.flush()
@@ -144,8 +155,10 @@ class DecodeLeases:
         except wire.MalformedMessage as exc:
             self._malformed(f"notification from {sender}: {exc}")
             return
-        if isinstance(msg, wire.Nack):
-            self._nack(msg.req_id, msg.reason, sender)
+        if isinstance(msg, (wire.Ok, wire.Nack)):
+            self._verdict(sender, msg)
+        elif isinstance(msg, wire.LeaseLost):
+            self._lease_lost(sender, msg.req_id, msg.reason)
         else:
             self._malformed(f"unexpected {type(msg).__name__} from {sender}")
 

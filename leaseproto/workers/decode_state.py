@@ -11,10 +11,28 @@ from typing import Any
 
 from ..adapters.xfer import Transfer
 from ..core import wire
+from ..core.config import LeaseConfig
 from .loop import RankOptions
 from .messages import Decode, RankParams, parse
 
-__all__ = ["DecodeOptions", "Engine", "RankParams", "Req"]
+__all__ = ["DecodeOptions", "Engine", "RankParams", "Req", "hello", "verdict_wait"]
+
+
+def verdict_wait(config: LeaseConfig) -> float:
+    """How long D waits for a verdict after its READ completed: one
+    ``lease_extension``. A P that cannot answer a transfer-done within that
+    time could not have kept a lease alive through it either (a heartbeat gets
+    the same handling), so waiting longer buys nothing; waiting less only
+    recomputes more. Safety does not depend on it: without ``OK`` nothing read
+    is used."""
+    return config.lease_extension
+
+
+def hello() -> bytes:
+    """What a decode rank sends a P rank that advertised verdicts, before its
+    first read: a heartbeat naming the capability token (a stock P ignores it
+    as an unknown id); P answers ``OK:leaseproto/1``."""
+    return wire.HEARTBEAT_PREFIX + wire.CAPABILITY.encode()
 
 
 @dataclass
@@ -24,6 +42,9 @@ class DecodeOptions(RankOptions):
     on_kv_loss: str = "recompute"
     #: this decode engine's id (a label of its metrics)
     engine_id: str = "decode-engine"
+    #: wait for P's verdicts before using a read (off: use reads as stock vLLM does;
+    #: for measuring what verified reads cost)
+    verify_reads: bool = True
     followers: list[str] = field(default_factory=list)
     #: P's advertised lease settings cannot work with ours (T1/T2): "refuse" its
     #: requests (answered with the reason) or "warn" and serve them
@@ -31,8 +52,12 @@ class DecodeOptions(RankOptions):
 
     def validate(self) -> None:
         self.check()
+        if self.on_kv_loss == "fail":
+            self.on_kv_loss = "error"
         if self.on_kv_loss not in ("recompute", "error"):
-            raise ValueError(f"on_kv_loss must be 'recompute' or 'error', got {self.on_kv_loss!r}")
+            raise ValueError(
+                f"on_kv_loss must be 'recompute' or 'fail' ('error'), got {self.on_kv_loss!r}"
+            )
         if self.rank == 0 and len(self.followers) != self.tp - 1:
             raise ValueError(
                 f"rank 0 of a {self.tp}-rank decode engine needs {self.tp - 1} "
@@ -56,6 +81,12 @@ class Engine:
     agents: tuple[str, ...]
     ranks: list[RankParams]
     lost: str = ""
+    #: every rank advertised ``leaseproto/1``: reads wait for verdicts
+    verified: bool = False
+    #: ranks that acknowledged our capability (reads start after all have)
+    acked: set[str] = field(default_factory=set)
+    hello_sent: dict[str, float] = field(default_factory=dict)
+    unverified_logged: bool = False
 
 
 @dataclass(eq=False)
@@ -72,7 +103,7 @@ class Req:
     first_token: int
     num_tokens: int
     arrived: float
-    #: ``waiting`` -> ``reading`` -> ``decoding``
+    #: ``waiting`` -> ``reading`` -> ``verifying`` -> ``decoding``
     state: str = "waiting"
     needs_remote_kv: bool = True
     #: every READ of P's KV completed
@@ -102,6 +133,13 @@ class Req:
 
     transfers: list[Transfer] = field(default_factory=list)
     followers_pending: set[int] = field(default_factory=set)
+    #: reads of this request wait for verdicts (the engine advertised them)
+    verified: bool = False
+    #: P ranks (agents) whose verdict on rank 0's reads is still awaited
+    verdicts_due: set[str] = field(default_factory=set)
+    read_done_at: float = 0.0
+    #: discard what was read if a verdict is still missing at this instant
+    verify_by: float = 0.0
 
     @classmethod
     def from_msg(

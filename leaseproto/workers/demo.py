@@ -79,6 +79,9 @@ class PhaseResult:
     reclaim_bound_s: float | None = None
     blocks_leaked: int = 0
     longest_wait_s: float = 0.0
+    #: reads used only after P's OK, and their mean wait for it (the cost of verified reads)
+    verified_reads: int = 0
+    verdict_wait_ms: float | None = None
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
 
@@ -116,6 +119,7 @@ def _surge(
     client = cluster.client()
     start = time.monotonic()
     sent = 0
+    d0 = cluster.stats(cluster.decode[0])
     try:
         schedule = [(0.0, settings.first_wave)] + [
             (1.0 + k, settings.wave) for k in range(settings.waves)
@@ -146,6 +150,11 @@ def _surge(
         result.requests = n
         if result.answered < n:
             result.notes.append(f"{n - result.answered} requests got no answer in time")
+        d1 = cluster.stats(cluster.decode[0])
+        result.verified_reads = d1["verified_reads"] - d0["verified_reads"]
+        if result.verified_reads:
+            waited_us = d1["verdict_wait_us"] - d0["verdict_wait_us"]
+            result.verdict_wait_ms = waited_us / result.verified_reads / 1000
     finally:
         client.close()
     _settle(cluster, result, settings)
@@ -322,11 +331,17 @@ def _verdict(r: PhaseResult, settings: DemoSettings) -> str:
             f"{r.blocks_leaked} blocks leaked"
         )
     waited = r.longest_wait_s / settings.kv_lease_duration
+    verified = (
+        f"; {r.verified_reads} reads used after P's OK (mean wait {r.verdict_wait_ms:.1f} ms "
+        f"after the READ), {r.recomputed} recomputed"
+        if r.verdict_wait_ms is not None
+        else f"; reads used unverified, {r.recomputed} recomputed"
+    )
     return (
         f"{r.identical}/{r.requests} outputs identical to the reference, {r.differing} "
         f"different, {r.failed} failed; {r.leases_expired} leases expired, "
         f"{r.late_transfers} late transfer notifications; longest wait "
-        f"{r.longest_wait_s:.1f} s ({waited:.1f} initial leases)"
+        f"{r.longest_wait_s:.1f} s ({waited:.1f} initial leases){verified}"
     )
 
 

@@ -82,6 +82,11 @@ class RankParams(msgspec.Struct, kw_only=True):
             PeerLease.parse(self.advert)  # a ValueError names the bad setting
 
     @property
+    def verdicts(self) -> bool:
+        """P advertised ``leaseproto/1``: it answers transfer-dones with verdicts."""
+        return self.advert is not None
+
+    @property
     def lease(self) -> PeerLease | None:
         """The lease settings P advertised, or None."""
         return None if self.advert is None else PeerLease.parse(self.advert)

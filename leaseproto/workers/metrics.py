@@ -326,6 +326,18 @@ class DecodeMetrics(WorkerMetrics):
             _DELAY_BUCKETS,
         )
         self.completed = c("requests_completed", "Requests decoded to the end")
+        self.verdicts = self._counters(
+            "read_verdicts",
+            "Reads of P's KV by what decided their use: ok (P's OK from every rank), nk "
+            "(discarded), timeout (no verdict in time: discarded), unverified (P gives none)",
+            "verdict",
+            ("ok", "nk", "timeout", "unverified"),
+        )
+        self.verdict_wait = self._histogram(
+            "verdict_wait_seconds",
+            "Delay from a READ's completion to the last OK it waited for",
+            _DELAY_BUCKETS,
+        )
         self.waiting = self._gauge("requests_waiting", "Requests in the waiting queue")
         self.running = self._gauge("requests_running", "Requests in the running set")
 

@@ -3,21 +3,16 @@
 Each turn of the loop (:meth:`PrefillWorker.step`):
 
 1. **intake**: request-plane messages (``prefill``, ``abort``, ``stats``,
-   ``ping``, ``stop``); a malformed one is counted and answered with an error;
+   ``ping``); a malformed one is counted and answered with an error, and a
+   prompt that could never fit the pool is refused here;
 2. **compute**: prefill queued prompts while the pool has blocks (this rank's
    share of the heads goes into its paged blocks), then ``LeaseTable.grant``
-   with ``consumers`` from the TP ratio, and answer the router with the
-   transfer parameters (agent, NIXL address, block ids, layout, lease time
-   left as a duration);
-3. **lease step**: every NIXL notification goes through ``wire.decode``
-   (malformed: counted, dropped) to ``renew`` / ``transfer_done`` / ``abort``;
-   then ``expire(now=time.monotonic())``. Blocks are freed exactly when the
-   core returns a :class:`~leaseproto.Release`; a
-   :class:`~leaseproto.LateTransfer` is answered with a NACK (``NK:``) to the
-   reader.
-
-Under ``policy="fixed"`` (a naive deployment, for comparison) heartbeats are
-ignored and late transfers are only counted and logged, as upstream does.
+   (``consumers`` is only a default: the readers' transfer-dones carry their
+   count), and answer the router with the transfer parameters (agent, NIXL
+   address, block ids, layout, lease time left as a duration, and the
+   capability ``leaseproto/1``);
+3. **lease step** (:mod:`.prefill_leases`): NIXL notifications to the core,
+   verdicts back to the readers, then ``expire``.
 """
 
 from __future__ import annotations
@@ -27,14 +22,12 @@ import math
 import secrets
 import time
 from collections import deque
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import zmq
 
 from ..core import wire
-from ..core.events import LateTransfer, Release, ReleaseReason
 from ..core.peer import PARAMS_KEY, advertisement
 from ..core.table import LeaseTable
 from .backend import KVBackend
@@ -43,6 +36,7 @@ from .messages import Abort, Prefill, parse
 from .metrics import PrefillMetrics, stats_dict
 from .notifications import DropLog, Inbox, NotificationGate
 from .plane import BadMessage, Msg, Server
+from .prefill_leases import PrefillLeases
 
 __all__ = ["PrefillOptions", "PrefillWorker"]
 
@@ -50,8 +44,6 @@ log = logging.getLogger("leaseproto.prefill")
 
 #: Longest the loop waits for request-plane traffic before polling NIXL again.
 _IDLE_WAIT_S = 0.005
-#: Longest one loop turn spends handling queued notifications, seconds.
-_INBOX_BUDGET_S = 0.02
 #: Most prompts prefilled in one loop turn.
 _BATCH = 8
 
@@ -70,7 +62,7 @@ class _Queued:
     arrived: float
 
 
-class PrefillWorker(EngineLoop):
+class PrefillWorker(PrefillLeases, EngineLoop):
     """One prefill rank (``rank`` of ``tp``) of engine ``engine_id``."""
 
     def __init__(self, opts: PrefillOptions) -> None:
@@ -98,6 +90,8 @@ class PrefillWorker(EngineLoop):
             self.drops, max_bytes=opts.max_notification_in, known=self.backend.is_connected
         )
         self.inbox = Inbox()
+        self.verdict_readers: set[str] = set()
+        self.verdicts_sent = dict.fromkeys(("ok", "nk", "ll", "hello"), 0)
         self._now = -math.inf
         self.metrics.blocks_free.set(self.backend.num_free)
         #: our lease settings, as durations, in every transfer parameter set (lease policy)
@@ -120,145 +114,6 @@ class PrefillWorker(EngineLoop):
     def _clock(self) -> float:
         self._now = max(self._now, time.monotonic())
         return self._now
-
-    # -- releases -------------------------------------------------------------------------
-    def _release(self, rel: Release) -> None:
-        """Free the blocks of a lease the core just ended (spec: exactly then)."""
-        blocks = self.blocks.pop(rel.req_id, [])
-        self.backend.free(blocks)
-        self.last_release_at = rel.at
-        self.metrics.observe_release(rel)
-        if rel.reason is ReleaseReason.EXPIRED:
-            if rel.last_renewal is None:
-                why = (
-                    f"lease expired {rel.at - rel.granted_at:.1f} s after the grant, never renewed"
-                )
-            else:
-                why = f"lease expired {rel.at - rel.last_renewal:.1f} s after its last heartbeat"
-            log.info("released %d blocks of req %s: %s", len(blocks), rel.req_id, why)
-        elif rel.reason is ReleaseReason.ABORTED:
-            log.info("released %d blocks of req %s: aborted by the reader", len(blocks), rel.req_id)
-        else:
-            log.info(
-                "released %d blocks of req %s: transferred %.2f s after the grant",
-                len(blocks),
-                rel.req_id,
-                rel.at - rel.granted_at,
-            )
-
-    def _late(self, late: LateTransfer, sender: str) -> None:
-        what = late.ended.value
-        if self.opts.policy == "fixed":
-            log.warning(
-                "late transfer-done for req %s from %s: its lease %s %.2f s earlier; "
-                "the reader may have read reused blocks (no NACK under the fixed "
-                "policy)",
-                late.req_id,
-                sender,
-                what,
-                late.at - late.ended_at,
-            )
-            return
-        log.warning(
-            "late transfer-done for req %s from %s: its lease %s %.2f s earlier; "
-            "sending a NACK so the reader discards what it read",
-            late.req_id,
-            sender,
-            what,
-            late.at - late.ended_at,
-        )
-        if self.backend.send(sender, wire.encode_nack(late.req_id, what)):
-            self.nacks_sent += 1
-            self.metrics.nacks.inc()
-
-    def _nack_lost(self, req_id: str, sender: str) -> None:
-        ended = self.table.ended(req_id)
-        what = "aborted" if ended is ReleaseReason.ABORTED else "expired"
-        log.warning(
-            "heartbeat from %s names req %s whose lease %s: sending a NACK before it reads",
-            sender,
-            req_id,
-            what,
-        )
-        if self.backend.send(sender, wire.encode_nack(req_id, what)):
-            self.nacks_sent += 1
-            self.metrics.nacks.inc()
-
-    def _log_renewals(self, ids: Sequence[str], sender: str, now: float) -> None:
-        """One DEBUG line per id a heartbeat named: renewed until when, or why not."""
-        for rid in ids:
-            deadline = self.table.deadline(rid)
-            if deadline is not None:
-                log.debug(
-                    "renewed req %s: lease ends in %.2f s (heartbeat from %s)",
-                    rid,
-                    deadline - now,
-                    sender,
-                )
-            else:
-                ended = self.table.ended(rid)
-                log.debug(
-                    "heartbeat from %s names req %s: not renewed (%s)",
-                    sender,
-                    rid,
-                    "no lease known" if ended is None else f"lease already {ended.value}",
-                )
-
-    # -- lease step -----------------------------------------------------------------------
-    def _notification(self, sender: str, payload: bytes, now: float) -> None:
-        try:
-            msg = wire.decode(payload)
-        except wire.MalformedMessage as exc:
-            self.malformed += 1
-            self.metrics.malformed.inc()
-            self.drops.drop("malformed notification", f"from {sender}: {exc}")
-            return
-        if isinstance(msg, wire.Heartbeat):
-            self.heartbeats_received += 1
-            self.metrics.heartbeats.inc()
-            self.metrics.heartbeat_ids.inc(len(msg.ids))
-            if self.opts.policy == "lease":
-                lost: list[str] = []
-                self.table.renew(msg.ids, now=now, lost=lost)
-                if log.isEnabledFor(logging.DEBUG):
-                    self._log_renewals(msg.ids, sender, now)
-                for rid in lost:  # spec §8.2: D has not read these yet; tell it now
-                    self._nack_lost(rid, sender)
-        elif isinstance(msg, wire.TransferDone):
-            out = self.table.transfer_done(msg.req_id, now=now)
-            if isinstance(out, Release):
-                self._release(out)
-            elif isinstance(out, LateTransfer):
-                self._late(out, sender)
-        elif isinstance(msg, wire.Abort):
-            rel = self.table.abort(msg.req_id, now=now)
-            if rel is not None:
-                self._release(rel)
-        else:  # a NACK is P -> D only
-            self.malformed += 1
-            self.metrics.malformed.inc()
-            self.drops.drop(
-                "malformed notification", f"a {type(msg).__name__} from {sender}: P-bound never"
-            )
-
-    def lease_step(self) -> None:
-        # Each notification is handled at the instant it was polled (P had
-        # received it by then), senders served round-robin within a budget, and
-        # nothing expires until every notification polled so far is handled:
-        # a renewal that arrived in time always counts, whatever the burst.
-        polled = self._clock()
-        self.inbox.add(self.gate.admit(self.backend.poll()), polled=polled)
-        for at, sender, payload in self.inbox.take(budget_s=_INBOX_BUDGET_S):
-            self._now = max(self._now, at)
-            self._notification(sender, payload, self._now)
-        if not self.inbox:
-            for rel in self.table.expire(now=max(polled, self._now)):
-                self._release(rel)
-        self.drops.flush()
-        for peer, reason in self.backend.take_lost_peers():
-            log.info("NIXL peer %s lost (%s)", peer, reason)
-        self.metrics.blocks_held.set(sum(len(b) for b in self.blocks.values()))
-        self.metrics.blocks_free.set(self.backend.num_free)
 
     # -- requests -------------------------------------------------------------------------
     def _request(self, envelope: list[bytes], msg: Msg) -> None:
@@ -362,6 +217,7 @@ class PrefillWorker(EngineLoop):
                     "layout": self.backend.layout(),
                     "lease_remaining": remaining,
                     "consumers": q.consumers,
+                    # leaseproto/1: our lease settings, and we answer with verdicts
                     **self._advertised,
                 },
             )
@@ -389,6 +245,8 @@ class PrefillWorker(EngineLoop):
                 None if self.last_release_at is None else now - self.last_release_at
             ),
             "nacks_sent": self.nacks_sent,
+            "verdicts_sent": dict(self.verdicts_sent),
+            "verdict_readers": len(self.verdict_readers),
             "malformed": self.malformed,
             "oversized": self.gate.oversized,
             "unknown_sender": self.gate.unknown_sender,

@@ -110,10 +110,6 @@ class Router(EngineLoop):
         if -1 not in self.info:
             self.decode.send({"op": "ping"})
 
-    @property
-    def d_tp(self) -> int:
-        return int(self.info.get(-1, {}).get("tp", 1))
-
     # -- client side ----------------------------------------------------------------------
     def _client(self, envelope: list[bytes], msg: Msg, now: float) -> None:
         op = msg["op"]
@@ -178,9 +174,9 @@ class Router(EngineLoop):
         self.metrics.in_flight.set(len(self.pending))
         p = self.pending[req_id]
         for i, peer in enumerate(self.prefill):
-            if not peer.send(
-                {"op": "prefill", "req_id": req_id, "prompt": prompt, "d_tp": self.d_tp}
-            ):
+            # no d_tp: P grants before D is chosen; each reader's transfer-done
+            # says how many D ranks read that P rank (its n)
+            if not peer.send({"op": "prefill", "req_id": req_id, "prompt": prompt}):
                 self._abort_prefill(p)
                 self._finish(p, now, ok=False, error=f"prefill rank {i} is not taking requests")
                 return

@@ -1,0 +1,271 @@
+"""Decode rank 0's reads of P's KV, and their verdicts (verified reads, I13).
+
+A request's READs start once every P rank of its engine is connected; each
+READ carries the transfer-done notification (``<id>:<n>``, ``n`` = the D ranks
+that read this P rank), which NIXL delivers after the READ completed. A P
+that advertised ``leaseproto/1`` in its transfer parameters answers every
+transfer-done with a verdict: ``OK`` (the lease was live when it handled the
+notification, so the bytes read are the blocks it granted) or ``NK`` (it had
+ended). D emits no token computed from P's KV until it holds ``OK`` from
+every P rank it read from (ranks 1.. wait for their own verdicts before they
+hand over their shard, :mod:`.decode_follower`). ``NK``, or no verdict within
+:func:`verdict_wait` of the READ's completion, discards what was read: the
+request is recomputed locally (or fails, ``on_kv_loss="error"``).
+
+Before its first read from a P that advertised, D says it understands
+verdicts (a heartbeat naming the capability token, ``HB:leaseproto/1``, which
+a stock P ignores as an unknown id); P acknowledges with ``OK:leaseproto/1``,
+and reads from that engine start after the acknowledgement. Against a P that
+did not advertise, D uses reads unverified, as stock vLLM does, and logs that
+once per engine.
+
+An ``LL`` (P no longer holds a lease a heartbeat named) is advisory: a
+request still waiting gives up early and recomputes; one whose READ has
+started waits for its verdict, which always wins.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from ..adapters.kv_pool import LayoutError
+from ..core import wire
+from ..core.config import LeaseConfig
+from ..core.tracker import HeartbeatTracker
+from .decode_follower import Followers
+from .decode_state import DecodeOptions, Engine, Req, hello, verdict_wait
+from .metrics import DecodeMetrics
+from .plane import Msg
+
+if TYPE_CHECKING:
+    from .backend import KVBackend
+
+__all__ = ["DecodeReads"]
+
+log = logging.getLogger("leaseproto.decode")
+
+
+class DecodeReads:
+    """Reads, their verdicts and the capability handshake, for the decode worker."""
+
+    opts: DecodeOptions
+    config: LeaseConfig
+    tracker: HeartbeatTracker
+    backend: KVBackend
+    metrics: DecodeMetrics
+    followers: Followers
+    engines: dict[str, Engine]
+    by_remote: dict[str, Req]
+    waiting: Iterable[Req]
+    running: dict[str, Req]
+    counts: dict[str, int]
+
+    def _clock(self) -> float:
+        raise NotImplementedError
+
+    def _malformed(self, why: str) -> None:
+        raise NotImplementedError
+
+    def _kv_lost(self, req: Req, reason: str, *, abort: bool = False) -> None:
+        raise NotImplementedError
+
+    if TYPE_CHECKING:  # in DecodeLeases, after this class in the worker's MRO
+
+        def _peer_lost(self, agent: str, reason: str) -> None: ...
+
+        def _nack(self, remote_req_id: str, reason: str, sender: str) -> None: ...
+
+    # -- the capability handshake ---------------------------------------------------------
+    def _hellos(self) -> None:
+        """Tell each connected P rank that advertised that we understand
+        verdicts, until it acknowledges (again every heartbeat interval)."""
+        now = self._clock()
+        for engine in self.engines.values():
+            if engine.lost or not engine.verified:
+                continue
+            for agent in engine.agents:
+                if agent in engine.acked or not self.backend.is_connected(agent):
+                    continue
+                if now - engine.hello_sent.get(agent, -1e18) < self.config.heartbeat_interval:
+                    continue
+                engine.hello_sent[agent] = now
+                self.backend.send(agent, hello())
+
+    def _ready_to_read(self, req: Req) -> bool:
+        engine = self.engines.get(req.engine_id)
+        if engine is None or not all(self.backend.is_connected(a) for a in engine.agents):
+            return False
+        if not engine.verified:
+            if not engine.unverified_logged:
+                engine.unverified_logged = True
+                log.warning(
+                    "P engine %s did not advertise %s: its reads are used unverified "
+                    "(stock vLLM behaviour; a read of freed blocks would go unnoticed)",
+                    engine.engine_id,
+                    wire.CAPABILITY,
+                )
+            return True
+        return all(a in engine.acked for a in engine.agents)
+
+    # -- reads ----------------------------------------------------------------------------
+    def _start_reads(self, req: Req) -> None:
+        req.state = "reading"
+        req.read_started = self._clock()
+        # vLLM's n: how many D ranks notify each P rank (the lease's readers)
+        notif = wire.encode_transfer_done(
+            req.remote_req_id, max(1, self.opts.tp // max(1, len(req.ranks)))
+        )
+        try:
+            plan = self.backend.read_plan(req.ranks, req.blocks, req.num_tokens)
+        except (LayoutError, ValueError) as exc:
+            self._malformed(f"transfer parameters of req {req.req_id}: {exc}")
+            self._kv_lost(req, f"unusable transfer parameters: {exc}", abort=True)
+            return
+        engine = self.engines.get(req.engine_id)
+        req.verified = engine is not None and engine.verified
+        for rank, local, remote in plan:
+            req.transfers.append(self.backend.read(rank.agent, local, remote, notif_msg=notif))
+            if req.verified:
+                req.verdicts_due.add(rank.agent)
+        req.followers_pending.update(self.followers.ranks)
+        refused = self.followers.read(req)
+        if refused is not None:
+            self._kv_lost(req, f"decode rank {refused} is not taking requests", abort=True)
+
+    def _reads_progress(self) -> None:
+        now = self._clock()
+        for req in list(self.running.values()):
+            if req.state == "verifying":
+                if req.verdicts_due and now >= req.verify_by:
+                    self._verdict_missing(req, now)
+                continue
+            if req.state != "reading":
+                continue
+            states = [self.backend.transfer_state(x) for x in req.transfers]
+            failed = [x for x in req.transfers if x.state == "ERR"]
+            if failed:
+                self.metrics.transfers.labels(outcome="failed").inc()
+                self._kv_lost(
+                    req, f"READ from {failed[0].peer} failed: {failed[0].error}", abort=True
+                )
+                continue
+            if all(s == "DONE" for s in states) and not req.followers_pending:
+                for x in req.transfers:
+                    self.backend.release(x)
+                req.transfers.clear()
+                self.tracker.untrack(req.req_id)  # transfer done: stop heartbeating
+                self.metrics.transfers.labels(outcome="done").inc()
+                self.metrics.transfer_time.observe(now - req.read_started)
+                req.read_done_at = now
+                req.verify_by = now + verdict_wait(self.config)
+                req.state = "verifying"
+                self._maybe_use(req)
+
+    def _maybe_use(self, req: Req) -> None:
+        """Decode from what was read once every verdict is OK (at once when
+        the engine gives none)."""
+        if req.state != "verifying" or req.verdicts_due:
+            return
+        if req.verified:
+            self.counts["verified_reads"] += 1
+            self.metrics.verdicts.labels(verdict="ok").inc()
+            waited = max(0.0, self._clock() - req.read_done_at)
+            self.metrics.verdict_wait.observe(waited)
+            self.counts["verdict_wait_us"] += round(waited * 1e6)
+        else:
+            self.metrics.verdicts.labels(verdict="unverified").inc()
+        req.start_token = req.first_token
+        req.kv_in = True
+        req.state = "decoding"
+
+    def _verdict_missing(self, req: Req, now: float) -> None:
+        wait = verdict_wait(self.config)
+        self.counts["verdict_timeouts"] += 1
+        self.metrics.verdicts.labels(verdict="timeout").inc()
+        log.warning(
+            "req %s: no verdict from %s within %.2f s of its READ: discarding what was read",
+            req.req_id,
+            ", ".join(sorted(req.verdicts_due)),
+            wait,
+        )
+        self._kv_lost(req, f"no verdict within {wait:g} s of the READ")
+
+    # -- what P says ----------------------------------------------------------------------
+    def _verdict(self, sender: str, msg: wire.Ok | wire.Nack) -> None:
+        """A verdict for one of our transfer-dones (rank 0's own reads)."""
+        if isinstance(msg, wire.Ok) and msg.req_id == wire.CAPABILITY:
+            for engine in self.engines.values():  # the handshake's acknowledgement
+                if sender in engine.agents:
+                    engine.acked.add(sender)
+            return
+        req = self.by_remote.get(msg.req_id)
+        if req is None or req.done or sender not in req.verdicts_due:
+            if isinstance(msg, wire.Nack):
+                self._nack(msg.req_id, msg.reason, sender)  # logged and counted there
+            return
+        if isinstance(msg, wire.Ok):
+            req.verdicts_due.discard(sender)
+            self._maybe_use(req)
+            return
+        self.counts["verdicts_nk"] += 1
+        self.counts["nacks"] += 1
+        self.metrics.nacks.inc()
+        self.metrics.verdicts.labels(verdict="nk").inc()
+        log.warning(
+            "NK (%s) from %s for req %s: its lease had ended when P handled the "
+            "transfer-done; discarding what was read",
+            msg.reason,
+            sender,
+            req.req_id,
+        )
+        self._kv_lost(req, f"NK: lease {msg.reason} before the read was confirmed")
+
+    def _lease_lost(self, sender: str, remote_req_id: str, reason: str) -> None:
+        """Advisory: P no longer holds a lease a heartbeat named. A request that
+        has not started reading gives up early; one reading waits for its
+        verdict."""
+        self.counts["lease_lost"] += 1
+        self.counts["nacks"] += 1
+        self.metrics.nacks.inc()
+        req = self.by_remote.get(remote_req_id)
+        if req is None or req.done or req.state != "waiting" or not req.needs_remote_kv:
+            log.debug("LL (%s) from %s for req %s: ignored", reason, sender, remote_req_id)
+            return
+        log.warning(
+            "LL from %s: P no longer holds the lease of req %s (%s); recomputing before any read",
+            sender,
+            req.req_id,
+            reason,
+        )
+        self._kv_lost(req, f"LL: lease {reason} before the read")
+
+    def _from_follower(self, rank: int, msg: Msg | None) -> None:
+        if msg is None:
+            log.error("decode rank %d disconnected: requests reading through it fail over", rank)
+            for r in list(self.running.values()):
+                if rank in r.followers_pending:
+                    self._kv_lost(r, f"decode rank {rank} disconnected", abort=True)
+            return
+        op = msg.get("op")
+        req = self.running.get(str(msg.get("req_id")))
+        if op == "read_done" and req is not None and rank in req.followers_pending:
+            try:
+                kv = msg.get("kv")
+                if not isinstance(kv, bytes):
+                    raise ValueError("no KV bytes in the answer")
+                self.backend.import_shard(rank, self.opts.tp, req.blocks, req.num_tokens, kv)
+            except ValueError as exc:
+                self._kv_lost(req, f"decode rank {rank} sent a bad shard: {exc}", abort=True)
+                return
+            req.followers_pending.discard(rank)
+        elif op == "read_failed" and req is not None and rank in req.followers_pending:
+            self.metrics.transfers.labels(outcome="failed").inc()
+            self._kv_lost(req, f"decode rank {rank}: {msg.get('error')}", abort=True)
+        elif op == "nack":
+            self._nack(str(msg.get("remote_req_id")), str(msg.get("reason")), f"rank {rank}")
+        elif op == "lease_lost":
+            self._lease_lost(f"rank {rank}", str(msg.get("remote_req_id")), str(msg.get("reason")))
+        elif op == "peer_lost":
+            self._peer_lost(str(msg.get("agent")), str(msg.get("reason")))
