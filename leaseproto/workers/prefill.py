@@ -65,6 +65,8 @@ class _Queued:
 class PrefillWorker(PrefillLeases, EngineLoop):
     """One prefill rank (``rank`` of ``tp``) of engine ``engine_id``."""
 
+    opts: PrefillOptions
+
     def __init__(self, opts: PrefillOptions) -> None:
         opts.check()
         self.opts = opts

@@ -34,7 +34,7 @@ from .notifications import DropLog, Inbox, NotificationGate
 
 if TYPE_CHECKING:
     from .backend import KVBackend
-    from .prefill import PrefillOptions
+    from .loop import RankOptions
 
 __all__ = ["PrefillLeases"]
 
@@ -47,7 +47,7 @@ _INBOX_BUDGET_S = 0.02
 class PrefillLeases:
     """The lease step of the prefill worker (which supplies the state below)."""
 
-    opts: PrefillOptions
+    opts: RankOptions
     table: LeaseTable
     backend: KVBackend
     metrics: PrefillMetrics
