@@ -23,6 +23,7 @@ from leaseproto.core import rules as R
 from leaseproto.core import specialise as S
 from leaseproto.core.events import Release, ReleaseReason, make_release
 from leaseproto.core.state import Input
+from leaseproto.testing import NaiveLeaseTable
 
 z3 = pytest.importorskip("z3")
 
@@ -251,10 +252,16 @@ def test_a_burst_of_expiries_matches_one_by_one_and_shares_tombstones() -> None:
     assert sorted(out, key=lambda r: r.req_id) == sorted(
         [dataclasses.replace(r, at=40.0) for r in one_by_one], key=lambda r: r.req_id
     )
-    # in heap order, (queued deadline, grant order): a renewed lease that is due by now
-    # goes when its old entry comes up, as before the loop was generated
-    assert [r.req_id for r in out] == [f"r{i}" for i in (0, 3, 6, 9, 1, 4, 7, 10, 2, 5, 8, 11)]
+    # earliest deadline first, ties in grant order (spec, issue 11's expire-order bug): the
+    # renewed r0 and r4 (deadline 32) go after every lease due at 30 and 31, as the naive
+    # model releases them
+    assert [r.req_id for r in out] == [f"r{i}" for i in (3, 6, 9, 1, 7, 10, 0, 4, 2, 5, 8, 11)]
+    naive = NaiveLeaseTable(cfg)
+    for i in sorted(range(12), key=lambda i: i % 3):
+        naive.grant(f"r{i}", now=float(i % 3))
+    naive.renew(["r0", "r4"], now=12.0)
+    assert [r.req_id for r in naive.expire(now=40.0)] == [r.req_id for r in out]
     assert batch.stats == single.stats
     kept = [rid for rid in (f"r{i}" for i in range(12)) if batch.ended(rid) is not None]
-    assert kept == ["r2", "r5", "r8", "r10", "r11"]  # capacity 5: the last five ended
+    assert kept == ["r2", "r4", "r5", "r8", "r11"]  # capacity 5: the last five ended
     assert len({id(batch._ended[k]) for k in kept}) == 1  # one tombstone value per call
