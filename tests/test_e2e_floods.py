@@ -50,9 +50,31 @@ def injector(cluster: Cluster) -> Iterator[NixlEndpoint]:
     try:
         ep.connect(p["agent"], "127.0.0.1", p["nixl_port"])
         wait_for(lambda: ep.is_connected(p["agent"]), "the injector's handshake")
+        _until_p_admits(cluster, ep)
         yield ep
     finally:
         ep.close()
+
+
+def _until_p_admits(cluster: Cluster, ep: NixlEndpoint, timeout: float = 30.0) -> None:
+    """Wait until P treats ``ep`` as a peer: P holds notifications from an agent
+    whose metadata has not reached it yet (at most 256, for 1 s) and counts the
+    rest as ``unknown_sender``, so a flood sent before that would be counted
+    there, not where a test looks. A probe heartbeat naming no lease is
+    counted as received only once P has admitted it."""
+    p = cluster.prefill[0]
+    agent = p.info["agent"]
+    deadline = time.monotonic() + timeout
+    while True:
+        seen = cluster.stats(p)["heartbeats_received"]
+        assert ep.send(agent, f"HB:probe-{secrets.token_hex(4)}".encode())
+        end = min(deadline, time.monotonic() + 2.0)
+        while time.monotonic() < end:
+            if cluster.stats(p)["heartbeats_received"] > seen:
+                return
+            time.sleep(0.02)
+        if time.monotonic() >= deadline:
+            pytest.fail(f"P never admitted a notification from {ep.name} in {timeout:g} s")
 
 
 def _big_heartbeat(size: int, salt: str) -> bytes:
