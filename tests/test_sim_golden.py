@@ -71,6 +71,7 @@ def snapshot(comp: Comparison) -> dict[str, Any]:
     for fig, series, run in zip(comp.figures, comp.series, comp.runs, strict=True):
         figs = fig.as_dict()
         figs.pop("wall_s")
+        figs.pop("cpu_s")
         releases = [
             None
             if r is None
@@ -97,6 +98,19 @@ def test_results_equal_the_recorded_ones(name: str) -> None:
     golden = json.loads(GOLDEN.read_text())
     got = json.loads(json.dumps(_run(name)))  # the same JSON round trip as the file's
     assert got == golden[name]
+
+
+def test_policies_in_processes_give_the_same_figures() -> None:
+    sc, seed, _ = CASES["both"]
+    one = compare(sc, seed=seed)
+    two = compare(sc, seed=seed, jobs=2)
+    assert not two.runs and two.cpu_s > 0
+    timing = ("wall_s", "cpu_s")
+    assert [{k: v for k, v in f.as_dict().items() if k not in timing} for f in two.figures] == [
+        {k: v for k, v in f.as_dict().items() if k not in timing} for f in one.figures
+    ]
+    assert two.series == one.series
+    assert [f.death_to_release for f in two.figures] == [f.death_to_release for f in one.figures]
 
 
 def test_the_recorded_runs_exercise_what_they_pin() -> None:

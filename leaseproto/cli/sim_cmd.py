@@ -86,6 +86,13 @@ def register(sub: Any) -> None:
         help="draw P's held blocks over time per policy (needs leaseproto[plot])",
     )
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run the policies in N processes (no progress bar; the figures are the same)",
+    )
     bar = p.add_mutually_exclusive_group()
     bar.add_argument(
         "--progress",
@@ -146,16 +153,20 @@ def run(args: argparse.Namespace) -> int:
         policies = parse_policies(args.policies, LeaseConfig(**lease_kwargs(args, _LEASE_FLAGS)))
         if args.sample_dt is not None and not args.sample_dt > 0:
             raise ValueError("--sample-dt must be > 0")
+        if args.jobs < 1:
+            raise ValueError("--jobs must be >= 1")
     except ValueError as exc:
         return fail("sim", str(exc))
     show = sys.stderr.isatty() if args.progress is None else args.progress
-    show = show and Progress.available()
+    show = show and Progress.available() and args.jobs == 1
     comp = compare(
         scenario,
         seed=args.seed,
         policies=policies,
         sample_dt=args.sample_dt,
         progress=Progress() if show else None,
+        jobs=args.jobs,
+        keep_runs=False,
     )
     if args.json:
         print(
@@ -164,6 +175,7 @@ def run(args: argparse.Namespace) -> int:
                     "scenario": scenario.name,
                     "seed": args.seed,
                     "wall_s": comp.wall_s,
+                    "cpu_s": comp.cpu_s,
                     "figures": [f.as_dict() for f in comp.figures],
                 },
                 indent=1,

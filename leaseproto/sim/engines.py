@@ -40,6 +40,7 @@ class DEngine:
         "hangs",
         "hb_times",
         "hs",
+        "hs_wait",
         "index",
         "phase",
         "reading",
@@ -73,6 +74,7 @@ class DEngine:
         self.reading: dict[int, None] = {}
         self.running = 0
         self.hs: dict[str, float] = {}  # P engine name -> handshake done at
+        self.hs_wait: dict[str, float] = {}  # the part of hs not done yet (pruned as time passes)
         self.hb_times: set[float] = set()
         self.sched_times: set[float] = set()
 

@@ -70,7 +70,9 @@ class Figures:
     #: virtual time when the last lease was released
     end_time: float = 0.0
     events: int = 0
+    #: wall and CPU seconds of this policy's run (not results: they vary run to run)
     wall_s: float = 0.0
+    cpu_s: float = 0.0
     death_to_release: list[float] = field(default_factory=list, repr=False)
 
     def as_dict(self) -> dict[str, object]:

@@ -22,7 +22,9 @@ arrives. This module only decides *when* things happen:
 
 Event-driven: a P step where no notification arrives and no deadline falls
 due changes nothing in the table, so only steps where something happens are
-simulated.
+simulated. Events are plain tuples ``(t, priority, seq, handler, arg)`` in one
+heap; the arrivals, already sorted, are read beside it. D's handlers are in
+:mod:`.decode`. ``tests/test_sim_golden.py`` pins the results of small runs.
 
 Simplifications, each the same for every policy: P's KV pool is unbounded
 (held blocks are reported, not enforced); a request whose lease expired while
@@ -41,8 +43,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ..core import wire
-from ..core.events import LateTransfer, Release, ReleaseReason
-from ..core.tracker import HeartbeatTracker
+from ..core.events import Release, ReleaseReason
+from .decode import _AT_D, _EXPIRE, _OTHER, _PREFILL, _READING, DecodeSide, Handler
 from .engines import DEngine, PEngine, grid
 from .figures import Figures, Series, percentile
 from .policy import Policy
@@ -50,15 +52,8 @@ from .workload import Workload
 
 __all__ = ["FleetRun"]
 
-# request stages
-_PREFILL, _AT_D, _READING, _DECODING, _LOST = 1, 2, 3, 4, 5
-# event priorities at one instant: P handles notifications, then expires
-_NOTIFY, _EXPIRE, _OTHER = 0, 1, 2
 
-Handler = Callable[[float, Any], None]
-
-
-class FleetRun:
+class FleetRun(DecodeSide):
     """One policy on one workload. :meth:`run` returns its figures and series.
 
     After :meth:`run`, ``release_of[i]`` is request ``i``'s :class:`Release`
@@ -85,6 +80,8 @@ class FleetRun:
         # len(queue) + busy of each P engine, by index: the router's choice is the
         # first engine with the least load (what min over (load, index) picks)
         self._p_load = [0] * sc.p_engines
+        self._p_order = [(0, k) for k in range(sc.p_engines)]
+        self._p_order_max = 4 * sc.p_engines + 64
         self.ds = [
             DEngine(
                 i,
@@ -113,25 +110,17 @@ class FleetRun:
         self._area_t = 0.0
         self._waits: list[float] = []
         self._hb_msgs = self._hb_bytes = self._hb_msgs_window = self._hb_bytes_window = 0
+        # the handlers, bound once
+        self._h_prefilled: Handler = self._prefilled
+        self._h_d_arrive: Handler = self._d_arrive
+        self._h_p_expire: Handler = self._p_expire
+        self._h_p_notify: Handler = self._p_notify
+        self._h_d_heartbeat: Handler = self._d_heartbeat
+        self._h_d_schedule: Handler = self._d_schedule
+        self._h_d_read_done: Handler = self._d_read_done
+        self._h_d_decoded: Handler = self._d_decoded
 
     # -- plumbing -----------------------------------------------------------------------
-    def _new_tracker(self) -> HeartbeatTracker | None:
-        return HeartbeatTracker(self.policy.config) if self.policy.heartbeats else None
-
-    def _at(self, t: float, handler: Handler, arg: Any, prio: int = _OTHER) -> None:
-        heapq.heappush(self._heap, (t, prio, next(self._seq), handler, arg))
-
-    def _d_step(self, d: DEngine, t: float) -> float:
-        return d.step_at(t, self.sc.d_step)
-
-    def _p_step(self, p: PEngine, t: float) -> float:
-        return grid(t, self.sc.p_step, p.phase)
-
-    def _send(self, p: PEngine, t: float, msg: bytes) -> None:
-        sc = self.sc
-        arrive = t + sc.delay_base + self.net.random() * sc.delay_jitter
-        self._at(self._p_step(p, arrive), self._p_notify, (p, msg), _NOTIFY)
-
     def _held_change(self, t: float, delta: int) -> None:
         end = self.sc.duration
         if self._area_t < end:
@@ -143,22 +132,46 @@ class FleetRun:
 
     # -- run ----------------------------------------------------------------------------
     def run(self) -> tuple[Figures, Series]:
-        sc = self.sc
-        for i, t in enumerate(self.wl.arrival):
-            self._at(t, self._arrive, i)
-        for crash in sc.crashes:
+        # The arrivals are sorted: they are read in order beside the heap instead of
+        # being pushed into it (a heap of every request would make each pop cost
+        # log2(requests)). An arrival goes first at its instant unless a notification
+        # or an expiry is due then: in one heap, arrivals (priority _OTHER) would
+        # carry the smallest sequence numbers, as they would be pushed first.
+        for crash in self.sc.crashes:
             self._at(crash.at, self._crash, (self.ds[crash.engine], crash.down_for))
         self._at(0.0, self._sample, None)
         heap = self._heap
         pop = heapq.heappop
+        arrive = self._arrive
+        arrivals = self.wl.arrival
+        n = len(arrivals)
+        inf = math.inf
+        nxt = 0
+        ta = arrivals[0] if n else inf
+        progress = self.progress
         events = 0
-        t = 0.0
-        while heap:
-            t, _, _, handler, arg = pop(heap)
-            handler(t, arg)
+        while True:
+            if heap:
+                top = heap[0]
+                t = top[0]
+                if ta < t or (ta == t and top[1] == _OTHER):
+                    t = ta
+                    arrive(t, nxt)
+                    nxt += 1
+                    ta = arrivals[nxt] if nxt < n else inf
+                else:
+                    pop(heap)
+                    top[3](t, top[4])
+            elif nxt < n:
+                t = ta
+                arrive(t, nxt)
+                nxt += 1
+                ta = arrivals[nxt] if nxt < n else inf
+            else:
+                break
             events += 1
-            if self.progress is not None and not events & 0x3FFF:
-                self.progress(t)
+            if progress is not None and not events & 0x3FFF:
+                progress(t)
         self._finish(events)
         return self.fig, self.series
 
@@ -204,42 +217,64 @@ class FleetRun:
 
     # -- prefill side -------------------------------------------------------------------
     def _arrive(self, t: float, i: int) -> None:
+        # the first engine with the least load: the top of a heap of (load, index)
+        # entries in which an entry whose load is not the engine's load is stale
         loads = self._p_load
-        k = loads.index(min(loads))
-        loads[k] += 1
+        order = self._p_order
+        load, k = order[0]
+        while loads[k] != load:
+            heapq.heappop(order)
+            load, k = order[0]
+        loads[k] = load + 1
+        heapq.heapreplace(order, (load + 1, k))
         p = self.ps[k]
-        self.p_of[i] = p.index
+        self.p_of[i] = k
         self.stage[i] = _PREFILL
         p.queue.append(i)
-        self._p_start(p, t)
+        if not p.busy:
+            self._p_start(p, t)
 
     def _p_start(self, p: PEngine, t: float) -> None:
         if p.busy or not p.queue:
             return
         i = p.queue.popleft()
         p.busy = True
-        self._at(t + self.wl.prefill_s[i], self._prefilled, (p, i))
+        heapq.heappush(
+            self._heap,
+            (t + self.wl.prefill_s[i], _OTHER, next(self._seq), self._h_prefilled, (p, i)),
+        )
 
     def _prefilled(self, t: float, arg: tuple[PEngine, int]) -> None:
         p, i = arg
         p.busy = False
-        self._p_load[p.index] -= 1
+        k = p.index
+        loads = self._p_load
+        loads[k] -= 1
+        order = self._p_order
+        heapq.heappush(order, (loads[k], k))
+        if len(order) > self._p_order_max:  # drop the stale entries
+            order[:] = [(load, j) for j, load in enumerate(loads)]
+            heapq.heapify(order)
         p.table.grant(self.wl.rid[i], now=t, ttl=self.policy.ttl)
         self._held_change(t, self.wl.blocks[i])
         self._want_expire(p)
         d = self._route()
         self.stage[i] = _AT_D
-        self._at(t + self.sc.router_transit, self._d_arrive, (d, i))
-        self._p_start(p, t)
+        heapq.heappush(
+            self._heap,
+            (t + self.sc.router_transit, _OTHER, next(self._seq), self._h_d_arrive, (d, i)),
+        )
+        if p.queue:
+            self._p_start(p, t)
 
     def _want_expire(self, p: PEngine) -> None:
         nd = p.table.next_deadline()
         if nd is None:
             return
-        b = self._p_step(p, nd)
+        b = grid(nd, self.sc.p_step, p.phase)
         if b < p.expire_at:
             p.expire_at = b
-            self._at(b, self._p_expire, p, _EXPIRE)
+            heapq.heappush(self._heap, (b, _EXPIRE, next(self._seq), self._h_p_expire, p))
 
     def _p_expire(self, t: float, p: PEngine) -> None:
         if t >= p.expire_at:
@@ -251,164 +286,23 @@ class FleetRun:
     def _p_notify(self, t: float, arg: tuple[PEngine, bytes]) -> None:
         p, raw = arg
         msg = wire.decode(raw)  # the sim only sends well-formed messages
-        if isinstance(msg, wire.Heartbeat):
+        if type(msg) is wire.Heartbeat:
             p.table.renew(msg.ids, now=t)
-        elif isinstance(msg, wire.TransferDone):
+        elif type(msg) is wire.TransferDone:
             out = p.table.transfer_done(msg.req_id, now=t)
-            if isinstance(out, Release):
+            if type(out) is Release:
                 self._released(out)
-            elif isinstance(out, LateTransfer):
-                pass  # counted by the table (stats.late_transfers)
+            # a LateTransfer is counted by the table (stats.late_transfers)
 
     def _released(self, rel: Release) -> None:
         i = self.idx_of[rel.req_id]
         blocks = self.wl.blocks[i]
         self._held_change(rel.at, -blocks)
         self.release_of[i] = rel
-        fig = self.fig
         lost = self.lost_at[i]
-        if not math.isnan(lost):
+        if not math.isnan(lost):  # the request's D died
+            fig = self.fig
             fig.stranded_block_s += blocks * (rel.at - max(rel.granted_at, lost))
             fig.death_to_release.append(rel.at - lost)
         elif rel.reason is ReleaseReason.EXPIRED and self.stage[i] in (_AT_D, _READING):
-            fig.expired_while_needed += 1
-
-    # -- router and decode side ---------------------------------------------------------
-    def _route(self) -> DEngine:
-        ds = self.ds
-        n = len(ds)
-        for k in range(n):
-            d = ds[(self._rr + k) % n]
-            if d.router_up:
-                self._rr = (self._rr + k + 1) % n
-                return d
-        d = ds[self._rr % n]
-        self._rr = (self._rr + 1) % n
-        return d
-
-    def _lose(self, i: int, at: float) -> None:
-        self.stage[i] = _LOST
-        self.lost_at[i] = at
-        self.fig.stranded += 1
-
-    def _d_arrive(self, t: float, arg: tuple[DEngine, int]) -> None:
-        d, i = arg
-        if not d.alive:
-            self._lose(i, d.dead_since)
-            return
-        self.d_arrival[i] = t
-        d.waiting.append(i)
-        tr = d.tracker
-        if tr is not None:
-            engine = self.ps[self.p_of[i]].name
-            tr.track(self.wl.rid[i], engine_id=engine, now=t)
-            if engine not in d.hs:
-                d.hs[engine] = t + self.sc.handshake
-                self._want_hb(d, self._d_step(d, t + self.sc.handshake))
-            nxt = tr.next_due()
-            self._want_hb(d, self._d_step(d, t if nxt is None or nxt <= t else nxt))
-        if d.running < self.sc.d_slots:
-            self._want_sched(d, self._d_step(d, t))
-
-    def _want_hb(self, d: DEngine, b: float) -> None:
-        if b not in d.hb_times:
-            d.hb_times.add(b)
-            self._at(b, self._d_heartbeat, (d, d.epoch))
-
-    def _want_sched(self, d: DEngine, b: float) -> None:
-        if b not in d.sched_times:
-            d.sched_times.add(b)
-            self._at(b, self._d_schedule, (d, d.epoch))
-
-    def _d_heartbeat(self, t: float, arg: tuple[DEngine, int]) -> None:
-        d, epoch = arg
-        if epoch != d.epoch:
-            return
-        d.hb_times.discard(t)
-        tr = d.tracker
-        assert tr is not None
-        pending = [e for e, ready in d.hs.items() if ready > t]
-        max_bytes = self.policy.config.max_notification_bytes
-        in_window = t <= self.sc.duration
-        for engine, ids in tr.due(now=t, pending=pending).items():
-            p = self.p_by_name[engine]
-            self.fig.hb_ids += len(ids)
-            for msg in wire.encode_heartbeat(ids, max_bytes=max_bytes):
-                self._hb_msgs += 1
-                self._hb_bytes += len(msg)
-                if in_window:
-                    self._hb_msgs_window += 1
-                    self._hb_bytes_window += len(msg)
-                self._send(p, t, msg)
-        nxt = tr.next_due()
-        if nxt is not None:  # due but pending: try again next step
-            self._want_hb(d, self._d_step(d, nxt if nxt > t else t + 1e-9))
-
-    def _d_schedule(self, t: float, arg: tuple[DEngine, int]) -> None:
-        d, epoch = arg
-        if epoch != d.epoch:
-            return
-        d.sched_times.discard(t)
-        for start, end in d.hangs:
-            if start <= t < end:
-                self._want_sched(d, self._d_step(d, end))
-                return
-        slots = self.sc.d_slots
-        while d.running < slots and d.waiting:
-            i = d.waiting.popleft()
-            self.stage[i] = _READING
-            d.reading[i] = None
-            d.running += 1
-            self._waits.append(t - self.d_arrival[i])
-            self._at(t + self.wl.read_s[i], self._d_read_done, (d, epoch, i))
-
-    def _d_read_done(self, t: float, arg: tuple[DEngine, int, int]) -> None:
-        d, epoch, i = arg
-        if epoch != d.epoch:
-            return  # D crashed mid-read: the request was lost with it
-        del d.reading[i]
-        self.stage[i] = _DECODING
-        rid = self.wl.rid[i]
-        if d.tracker is not None:
-            d.tracker.untrack(rid)
-        self._send(self.ps[self.p_of[i]], t, wire.encode_transfer_done(rid, 1))
-        self._at(t + self.wl.decode_s[i], self._d_decoded, (d, epoch, i))
-
-    def _d_decoded(self, t: float, arg: tuple[DEngine, int, int]) -> None:
-        d, epoch, _ = arg
-        if epoch != d.epoch:
-            return
-        d.running -= 1
-        if d.waiting:
-            self._want_sched(d, self._d_step(d, t))
-
-    def _crash(self, t: float, arg: tuple[DEngine, float]) -> None:
-        d, down_for = arg
-        if not d.alive:
-            return
-        d.alive = False
-        d.epoch += 1
-        d.dead_since = t
-        for i in itertools.chain(d.waiting, d.reading):
-            self._lose(i, t)
-        d.waiting.clear()
-        d.reading.clear()
-        d.running = 0
-        d.tracker = None
-        d.hs.clear()
-        d.hb_times.clear()
-        d.sched_times.clear()
-        self._at(t + self.sc.router_detect, self._router_down, (d, d.epoch))
-        self._at(t + down_for, self._restart, d)
-
-    def _router_down(self, t: float, arg: tuple[DEngine, int]) -> None:
-        d, epoch = arg
-        if d.epoch == epoch and not d.alive:
-            d.router_up = False
-
-    def _restart(self, t: float, d: DEngine) -> None:
-        d.alive = True
-        d.epoch += 1
-        d.dead_since = math.nan
-        d.tracker = self._new_tracker()
-        d.router_up = True
+            self.fig.expired_while_needed += 1

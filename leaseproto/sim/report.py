@@ -85,7 +85,8 @@ def header(comp: Comparison) -> str:
     return (
         f"scenario {sc.name}: {comp.workload_size:,} requests over {sc.duration:g} s of "
         f"virtual time, {sc.p_engines} P + {sc.d_engines} D engines, seed {comp.seed}; "
-        f"{len(comp.figures)} policies, {events:,} events in {comp.wall_s:.1f} s wall"
+        f"{len(comp.figures)} policies, {events:,} events in {comp.wall_s:.1f} s wall, "
+        f"{comp.cpu_s:.1f} s CPU"
     )
 
 
@@ -102,6 +103,7 @@ def write_files(comp: Comparison, out: Path) -> list[Path]:
         "scenario": _scenario_dict(comp),
         "seed": comp.seed,
         "wall_s": comp.wall_s,
+        "cpu_s": comp.cpu_s,
         "policies": [
             {"name": p.name, "heartbeats": p.heartbeats, "ttl": p.ttl, "config": p.config.as_dict()}
             for p in comp.policies

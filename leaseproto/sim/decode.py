@@ -1,0 +1,242 @@
+"""The router and the decode side of a simulated fleet (see :mod:`.fleet`).
+
+:class:`DecodeSide` holds the handlers of D's events: a request reaching D, D's
+heartbeats, its scheduling step, reads, decodes, crashes and restarts; and the
+notifications D sends to P. :class:`~leaseproto.sim.fleet.FleetRun` builds the
+state they use and runs them.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import random
+from collections.abc import Callable
+from typing import Any
+
+from ..core import wire
+from ..core.tracker import HeartbeatTracker
+from .engines import DEngine, PEngine, grid
+from .figures import Figures
+from .policy import Policy
+from .workload import Scenario, Workload
+
+__all__ = ["DecodeSide", "Handler"]
+
+# request stages
+_PREFILL, _AT_D, _READING, _DECODING, _LOST = 1, 2, 3, 4, 5
+# event priorities at one instant: P handles notifications, then expires
+_NOTIFY, _EXPIRE, _OTHER = 0, 1, 2
+
+Handler = Callable[[float, Any], None]
+
+
+class DecodeSide:
+    """The router's and D's handlers; the state is :class:`FleetRun`'s."""
+
+    sc: Scenario
+    wl: Workload
+    policy: Policy
+    fig: Figures
+    ps: list[PEngine]
+    ds: list[DEngine]
+    p_by_name: dict[str, PEngine]
+    p_of: list[int]
+    stage: list[int]
+    d_arrival: list[float]
+    lost_at: list[float]
+    net: random.Random
+    _heap: list[tuple[float, int, int, Handler, Any]]
+    _seq: itertools.count[int]
+    _rr: int
+    _waits: list[float]
+    _hb_msgs: int
+    _hb_bytes: int
+    _hb_msgs_window: int
+    _hb_bytes_window: int
+    _h_p_notify: Handler
+    _h_d_heartbeat: Handler
+    _h_d_schedule: Handler
+    _h_d_read_done: Handler
+    _h_d_decoded: Handler
+
+    def _at(self, t: float, handler: Handler, arg: Any, prio: int = _OTHER) -> None:
+        heapq.heappush(self._heap, (t, prio, next(self._seq), handler, arg))
+
+    def _new_tracker(self) -> HeartbeatTracker | None:
+        return HeartbeatTracker(self.policy.config) if self.policy.heartbeats else None
+
+    def _send(self, p: PEngine, t: float, msg: bytes) -> None:
+        sc = self.sc
+        arrive = t + sc.delay_base + self.net.random() * sc.delay_jitter
+        b = grid(arrive, sc.p_step, p.phase)
+        heapq.heappush(self._heap, (b, _NOTIFY, next(self._seq), self._h_p_notify, (p, msg)))
+
+    def _route(self) -> DEngine:
+        ds = self.ds
+        n = len(ds)
+        for k in range(n):
+            d = ds[(self._rr + k) % n]
+            if d.router_up:
+                self._rr = (self._rr + k + 1) % n
+                return d
+        d = ds[self._rr % n]
+        self._rr = (self._rr + 1) % n
+        return d
+
+    def _lose(self, i: int, at: float) -> None:
+        self.stage[i] = _LOST
+        self.lost_at[i] = at
+        self.fig.stranded += 1
+
+    def _d_arrive(self, t: float, arg: tuple[DEngine, int]) -> None:
+        d, i = arg
+        if not d.alive:
+            self._lose(i, d.dead_since)
+            return
+        self.d_arrival[i] = t
+        d.waiting.append(i)
+        step = d.step_at(t, self.sc.d_step)
+        tr = d.tracker
+        if tr is not None:
+            engine = self.ps[self.p_of[i]].name
+            tr.track(self.wl.rid[i], engine_id=engine, now=t)
+            if engine not in d.hs:
+                d.hs[engine] = ready = t + self.sc.handshake
+                d.hs_wait[engine] = ready
+                self._want_hb(d, d.step_at(ready, self.sc.d_step))
+            nxt = tr.next_due()
+            self._want_hb(d, step if nxt is None or nxt <= t else d.step_at(nxt, self.sc.d_step))
+        if d.running < self.sc.d_slots:
+            self._want_sched(d, step)
+
+    def _want_hb(self, d: DEngine, b: float) -> None:
+        if b not in d.hb_times:
+            d.hb_times.add(b)
+            heapq.heappush(
+                self._heap, (b, _OTHER, next(self._seq), self._h_d_heartbeat, (d, d.epoch))
+            )
+
+    def _want_sched(self, d: DEngine, b: float) -> None:
+        if b not in d.sched_times:
+            d.sched_times.add(b)
+            heapq.heappush(
+                self._heap, (b, _OTHER, next(self._seq), self._h_d_schedule, (d, d.epoch))
+            )
+
+    def _d_heartbeat(self, t: float, arg: tuple[DEngine, int]) -> None:
+        d, epoch = arg
+        if epoch != d.epoch:
+            return
+        d.hb_times.discard(t)
+        tr = d.tracker
+        assert tr is not None
+        if not len(tr):
+            return  # nothing tracked: nothing is due, and nothing will be until a track
+        pending = d.hs_wait  # the handshakes not done by now
+        if pending:
+            for engine in [e for e, ready in pending.items() if ready <= t]:
+                del pending[engine]
+        due = tr.due(now=t, pending=pending)
+        if due:
+            max_bytes = self.policy.config.max_notification_bytes
+            in_window = t <= self.sc.duration
+            fig = self.fig
+            p_by_name = self.p_by_name
+            for engine, ids in due.items():
+                p = p_by_name[engine]
+                fig.hb_ids += len(ids)
+                for msg in wire.encode_heartbeat(ids, max_bytes=max_bytes):
+                    size = len(msg)
+                    self._hb_msgs += 1
+                    self._hb_bytes += size
+                    if in_window:
+                        self._hb_msgs_window += 1
+                        self._hb_bytes_window += size
+                    self._send(p, t, msg)
+        nxt = tr.next_due()
+        if nxt is not None:  # due but pending: try again next step
+            self._want_hb(d, d.step_at(nxt if nxt > t else t + 1e-9, self.sc.d_step))
+
+    def _d_schedule(self, t: float, arg: tuple[DEngine, int]) -> None:
+        d, epoch = arg
+        if epoch != d.epoch:
+            return
+        d.sched_times.discard(t)
+        for start, end in d.hangs:
+            if start <= t < end:
+                self._want_sched(d, d.step_at(end, self.sc.d_step))
+                return
+        slots = self.sc.d_slots
+        waiting = d.waiting
+        if d.running < slots and waiting:
+            stage = self.stage
+            waits = self._waits
+            d_arrival = self.d_arrival
+            read_s = self.wl.read_s
+            heap = self._heap
+            seq = self._seq
+            done = self._h_d_read_done
+            while d.running < slots and waiting:
+                i = waiting.popleft()
+                stage[i] = _READING
+                d.reading[i] = None
+                d.running += 1
+                waits.append(t - d_arrival[i])
+                heapq.heappush(heap, (t + read_s[i], _OTHER, next(seq), done, (d, epoch, i)))
+
+    def _d_read_done(self, t: float, arg: tuple[DEngine, int, int]) -> None:
+        d, epoch, i = arg
+        if epoch != d.epoch:
+            return  # D crashed mid-read: the request was lost with it
+        del d.reading[i]
+        self.stage[i] = _DECODING
+        rid = self.wl.rid[i]
+        if d.tracker is not None:
+            d.tracker.untrack(rid)
+        self._send(self.ps[self.p_of[i]], t, wire.encode_transfer_done(rid, 1))
+        heapq.heappush(
+            self._heap,
+            (t + self.wl.decode_s[i], _OTHER, next(self._seq), self._h_d_decoded, arg),
+        )
+
+    def _d_decoded(self, t: float, arg: tuple[DEngine, int, int]) -> None:
+        d, epoch, _ = arg
+        if epoch != d.epoch:
+            return
+        d.running -= 1
+        if d.waiting:
+            self._want_sched(d, d.step_at(t, self.sc.d_step))
+
+    def _crash(self, t: float, arg: tuple[DEngine, float]) -> None:
+        d, down_for = arg
+        if not d.alive:
+            return
+        d.alive = False
+        d.epoch += 1
+        d.dead_since = t
+        for i in itertools.chain(d.waiting, d.reading):
+            self._lose(i, t)
+        d.waiting.clear()
+        d.reading.clear()
+        d.running = 0
+        d.tracker = None
+        d.hs.clear()
+        d.hs_wait.clear()
+        d.hb_times.clear()
+        d.sched_times.clear()
+        self._at(t + self.sc.router_detect, self._router_down, (d, d.epoch))
+        self._at(t + down_for, self._restart, d)
+
+    def _router_down(self, t: float, arg: tuple[DEngine, int]) -> None:
+        d, epoch = arg
+        if d.epoch == epoch and not d.alive:
+            d.router_up = False
+
+    def _restart(self, t: float, d: DEngine) -> None:
+        d.alive = True
+        d.epoch += 1
+        d.dead_since = math.nan
+        d.tracker = self._new_tracker()
+        d.router_up = True
