@@ -21,6 +21,7 @@ import time
 from collections.abc import Sequence
 
 from _common import load, machine, median, pct, table
+from bench_e2e_nixl import nixl_round_trips
 
 PAYLOAD = b"HB:" + b",".join(f"chatcmpl-{i:032x}-{i:08x}".encode() for i in range(1))
 
@@ -78,6 +79,18 @@ def bare(prog: bool, trips: int) -> list[float]:
     return out
 
 
+def idle_cpu(prog: bool, seconds: float = 2.0) -> float:
+    """CPU seconds per second that one idle agent's process burns."""
+    from leaseproto.adapters.nixl_runtime import free_port  # noqa: PLC0415
+
+    agent = _agent(f"idle-{int(prog)}", free_port(), prog)
+    t0, w0 = time.process_time(), time.monotonic()
+    time.sleep(seconds)
+    used = (time.process_time() - t0) / (time.monotonic() - w0)
+    del agent
+    return used
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trips", type=int, default=300)
@@ -85,20 +98,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"NIXL notification round trip, {args.trips} trips, {len(PAYLOAD)} B; {machine()}; {load()}"
     )
+    head = ["side", "progress thread", "median µs", "p99 µs", "min µs"]
     rows = []
-    for prog in (True, False):
-        rtt = bare(prog, args.trips)
+    sides = [(side, prog) for side in ("bare agents", "NixlEndpoint") for prog in (True, False)]
+    for side, prog in sides:
+        if side == "bare agents":
+            rtt = bare(prog, args.trips)
+        else:
+            rtt = nixl_round_trips([PAYLOAD], args.trips, prog=prog)["nixl 0"]
         rows.append(
             [
-                "bare agents",
+                side,
                 "on" if prog else "off",
                 f"{median(rtt) * 1e6:,.0f}",
                 f"{pct(rtt, 99) * 1e6:,.0f}",
                 f"{min(rtt) * 1e6:,.0f}",
             ]
         )
-        print(table(["side", "progress thread", "median µs", "p99 µs", "min µs"], rows[-1:]))
-    print(table(["side", "progress thread", "median µs", "p99 µs", "min µs"], rows))
+        print(table(head, rows[-1:]))
+    print(table(head, rows))
+    print(
+        table(
+            ["idle agent", "CPU s per s"],
+            [["progress thread on", f"{idle_cpu(True):.3f}"], ["off", f"{idle_cpu(False):.3f}"]],
+        )
+    )
     return 0
 
 

@@ -46,7 +46,8 @@ def cluster() -> Iterator[Cluster]:
 def injector(cluster: Cluster) -> Iterator[NixlEndpoint]:
     """A third NIXL agent that exchanged metadata with P (a known peer)."""
     p = cluster.prefill[0].info
-    ep = NixlEndpoint(f"flood-{secrets.token_hex(3)}", port=free_port())
+    # it runs no loop: NIXL's progress thread moves its sends
+    ep = NixlEndpoint(f"flood-{secrets.token_hex(3)}", port=free_port(), progress_thread=True)
     try:
         ep.connect(p["agent"], "127.0.0.1", p["nixl_port"])
         wait_for(lambda: ep.is_connected(p["agent"]), "the injector's handshake")

@@ -88,7 +88,9 @@ def _pause_with_busy_p(cluster: Cluster, rep: int, flood: NixlEndpoint) -> dict[
 
 def test_pause_with_busy_p_never_answers_from_freed_blocks(cluster: Cluster) -> None:
     p = cluster.prefill[0].info
-    flood = NixlEndpoint(f"stall-{secrets.token_hex(3)}", port=free_port())
+    flood = NixlEndpoint(
+        f"stall-{secrets.token_hex(3)}", port=free_port(), progress_thread=True
+    )  # it runs no loop: NIXL progresses its sends
     try:
         flood.connect(p["agent"], "127.0.0.1", p["nixl_port"])
         wait_for(lambda: flood.is_connected(p["agent"]), "the third agent's handshake")

@@ -85,7 +85,10 @@ def test_malformed_notifications_change_nothing(cluster: Cluster) -> None:
     before = cluster.stats(cluster.prefill[0])
     batch = prompts(6, seed=13)
     client = cluster.client()
-    injector = NixlEndpoint(f"injector-{secrets.token_hex(3)}", port=free_port())
+    # the injector runs no loop: NIXL's progress thread moves its sends
+    injector = NixlEndpoint(
+        f"injector-{secrets.token_hex(3)}", port=free_port(), progress_thread=True
+    )
     try:
         injector.connect(p_info["agent"], "127.0.0.1", p_info["nixl_port"])
         wait_for(lambda: injector.is_connected(p_info["agent"]), "the injector's handshake")

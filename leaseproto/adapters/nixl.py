@@ -12,7 +12,8 @@ Interface (stable; the workers are built on it)::
     load_nixl() -> ModuleType                       # nixl, else nixl_cu12, else ImportError
     free_port(host="127.0.0.1") -> int              # bind port 0, close, return it
     XferDescs(mem_type: str, descs: tuple[tuple[int, int, int], ...])  # (addr, nbytes, dev)
-    NixlEndpoint(name, *, host="127.0.0.1", port, connect_timeout=10.0, connect_retry=0.25)
+    NixlEndpoint(name, *, host="127.0.0.1", port, connect_timeout=10.0, connect_retry=0.25,
+                 progress_thread=False)
       .name, .host, .port, .stats: EndpointStats
       .register(tensors: Sequence[torch.Tensor]) -> None
       .connect(peer, host, port) -> None            # starts the exchange, never blocks
@@ -31,8 +32,21 @@ How NIXL behaves on this path (metadata exchange, silent failed fetches, stale
 metadata, disconnects, busy ports, logging) is written down in
 :mod:`leaseproto.adapters.nixl_runtime`, beside the helpers that load it.
 
-Not thread-safe: call it from the engine loop only (NIXL's own listener and
-progress threads are internal to the agent).
+Progress. NIXL's Python agent starts UCX's progress thread by default with a
+zero delay: it spins, 0.4-0.8 of a core per idle agent (``bench_nixl_floor.py``
+measures it), and on a machine with fewer cores than busy threads it
+is the spinning thread, not the network, that sets the latency of a
+notification. The endpoint therefore runs without it (``progress_thread=False``)
+and drives UCX from the engine loop instead: :meth:`~NixlEndpoint.poll`,
+:meth:`~NixlEndpoint.send` and ``transfer_state`` each progress the worker,
+and notifications a ``send`` progressed in are kept, in order, for the next
+``poll``. A disconnect is thereby still noticed by the ``send`` after the one
+that hit a dead peer. The engine loop must poll: a READ from our memory
+progresses on our side only when the loop turns (our workers poll every step
+and every few milliseconds when idle).
+
+Not thread-safe: call it from the engine loop only (NIXL's own listener
+thread, and the progress thread when asked for, are internal to the agent).
 """
 
 from __future__ import annotations
@@ -97,6 +111,7 @@ class NixlEndpoint(EndpointReads):
         port: int,
         connect_timeout: float = 10.0,
         connect_retry: float = 0.25,
+        progress_thread: bool = False,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError("endpoint name must be a non-empty str")
@@ -105,7 +120,10 @@ class NixlEndpoint(EndpointReads):
             raise ValueError("connect_timeout and connect_retry must be > 0")
         nixl = load_nixl()
         config = nixl.nixl_agent_config(
-            enable_listen_thread=True, listen_port=port, backends=["UCX"]
+            enable_prog_thread=bool(progress_thread),
+            enable_listen_thread=True,
+            listen_port=port,
+            backends=["UCX"],
         )
         try:
             agent = nixl.nixl_agent(name, config)
@@ -128,6 +146,9 @@ class NixlEndpoint(EndpointReads):
         self._peers: dict[str, _Peer] = {}
         self._lost: list[tuple[str, str]] = []
         self._registered: list[Any] = []
+        self.progress_thread = bool(progress_thread)
+        #: notifications a send() progressed in, for the next poll()
+        self._early: list[tuple[str, bytes]] = []
 
     # -- memory ---------------------------------------------------------------
 
@@ -221,6 +242,8 @@ class NixlEndpoint(EndpointReads):
             if rec.state != "connected":
                 self.stats.send_failed += 1
                 return False
+        if not self.progress_thread:
+            self._early.extend(self._drain())  # lets UCX notice a dead peer first
         try:
             agent.send_notif(peer, bytes(payload))
         except Exception as exc:
@@ -228,23 +251,30 @@ class NixlEndpoint(EndpointReads):
             self.stats.send_failed += 1
             return False
         self.stats.sent += 1
+        if not self.progress_thread:
+            self._early.extend(self._drain())  # moves the message on its way
         return True
 
     def poll(self) -> list[tuple[str, bytes]]:
         """Every notification received since the last poll, as
         ``(sender agent name, message)``; order is kept per sender. Also
         advances pending connects (retries, timeouts)."""
-        agent = self._live()
+        self._live()
         self._progress_all()
+        out, self._early = self._early, []
+        out += self._drain()
+        self.stats.received += len(out)
+        return out
+
+    def _drain(self) -> list[tuple[str, bytes]]:
+        """What NIXL received since it was last asked (progressing UCX)."""
         try:
-            notifs = agent.get_new_notifs()
+            notifs = self._agent.get_new_notifs()
         except Exception as exc:
             self.stats.poll_failed += 1
             self.stats.last_error = describe(exc)
             return []
-        out = [(str(peer), bytes(msg)) for peer, msgs in notifs.items() for msg in msgs]
-        self.stats.received += len(out)
-        return out
+        return [(str(peer), bytes(msg)) for peer, msgs in notifs.items() for msg in msgs]
 
     def close(self) -> None:
         """Deregister memory and drop the agent (its threads stop with it)."""

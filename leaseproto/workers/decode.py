@@ -39,7 +39,7 @@ from .decode_follower import Followers
 from .decode_leases import DecodeLeases
 from .decode_reads import DecodeReads
 from .decode_state import DecodeOptions, Engine, Req
-from .loop import EngineLoop
+from .loop import IDLE_WAIT_S, PENDING_WAIT_S, EngineLoop
 from .metrics import DecodeMetrics, stats_dict
 from .notifications import DropLog, NotificationGate
 from .plane import Msg, Server
@@ -47,8 +47,6 @@ from .plane import Msg, Server
 __all__ = ["DecodeOptions", "DecodeWorker"]
 
 log = logging.getLogger("leaseproto.decode")
-
-_IDLE_WAIT_S = 0.005
 
 
 class DecodeWorker(DecodeReads, DecodeLeases, EngineLoop):
@@ -338,10 +336,12 @@ class DecodeWorker(DecodeReads, DecodeLeases, EngineLoop):
         }
 
     # -- loop -----------------------------------------------------------------------------
-    def step(self, wait_s: float = _IDLE_WAIT_S) -> None:
-        busy = any(r.state == "decoding" for r in self.running.values())
-        if wait_s > 0 and not busy:
-            self.server.sock.poll(int(wait_s * 1000), zmq.POLLIN)
+    def step(self, wait_s: float | None = None) -> None:
+        states = {r.state for r in self.running.values()}
+        if wait_s is None:  # short while a read or its verdict is outstanding
+            wait_s = PENDING_WAIT_S if states & {"reading", "verifying"} else IDLE_WAIT_S
+        if wait_s > 0 and "decoding" not in states:
+            self.server.sock.poll(max(1, round(wait_s * 1000)), zmq.POLLIN)
         while (got := self.server.recv()) is not None:
             self._request(*got)
         if self.server.bad:

@@ -15,7 +15,17 @@ from ..core.config import LeaseConfig
 from .notifications import MAX_INCOMING_BYTES
 from .plane import Msg, Server
 
-__all__ = ["EngineLoop", "RankOptions"]
+__all__ = ["IDLE_WAIT_S", "PENDING_WAIT_S", "EngineLoop", "RankOptions"]
+
+#: Longest a worker's loop waits for request-plane traffic before it polls
+#: NIXL again, when it expects no notification.
+IDLE_WAIT_S = 0.005
+#: The same wait while a notification is expected soon (P holds a live lease,
+#: D has a read or a verdict outstanding). NIXL offers no event to wait on and
+#: the endpoint runs without a progress thread, so this wait bounds how long a
+#: transfer-done or a verdict sits unread: it is on every verified request's
+#: time to first token (about one loop turn per side).
+PENDING_WAIT_S = 0.001
 
 log = logging.getLogger("leaseproto.workers")
 

@@ -31,7 +31,7 @@ from ..core import wire
 from ..core.peer import PARAMS_KEY, advertisement
 from ..core.table import LeaseTable
 from .backend import KVBackend
-from .loop import EngineLoop, RankOptions
+from .loop import IDLE_WAIT_S, PENDING_WAIT_S, EngineLoop, RankOptions
 from .messages import Abort, Prefill, parse
 from .metrics import PrefillMetrics, stats_dict
 from .notifications import DropLog, Inbox, NotificationGate
@@ -42,8 +42,6 @@ __all__ = ["PrefillOptions", "PrefillWorker"]
 
 log = logging.getLogger("leaseproto.prefill")
 
-#: Longest the loop waits for request-plane traffic before polling NIXL again.
-_IDLE_WAIT_S = 0.005
 #: Most prompts prefilled in one loop turn.
 _BATCH = 8
 
@@ -260,10 +258,14 @@ class PrefillWorker(PrefillLeases, EngineLoop):
         }
 
     # -- loop -----------------------------------------------------------------------------
-    def step(self, wait_s: float = _IDLE_WAIT_S) -> None:
-        """One engine-loop turn: intake, compute, lease step."""
+    def step(self, wait_s: float | None = None) -> None:
+        """One engine-loop turn: intake, compute, lease step. ``wait_s``: the
+        longest wait for request-plane traffic when there is nothing to do
+        (default: short while a lease is live, see ``loop.PENDING_WAIT_S``)."""
+        if wait_s is None:
+            wait_s = PENDING_WAIT_S if len(self.table) else IDLE_WAIT_S
         if wait_s > 0 and not self.inbox:
-            self.server.sock.poll(int(wait_s * 1000), zmq.POLLIN)
+            self.server.sock.poll(max(1, round(wait_s * 1000)), zmq.POLLIN)
         while (got := self.server.recv()) is not None:
             self._request(*got)
         if self.server.bad:
