@@ -72,3 +72,32 @@ def test_trace_nothing_found_and_unreadable(
     assert "no line" in capsys.readouterr().out
     assert main(["trace", "s3", str(tmp_path / "missing.log")]) == 2
     assert "cannot read" in capsys.readouterr().err
+
+
+def test_trace_reads_the_workers_event_traces(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the format of `serve --trace` (leaseproto.workers.trace): ids in "req", in the
+    # notification's wire text ("data") and in a renewal's "leases"
+    rows = [
+        {"ev": "header", "t": 0.5, "role": "prefill", "agent": "p"},
+        {"ev": "grant", "t": 1.0, "now": 1.0, "req": "s3-1a2b3c4d", "lease": 3.0},
+        {"ev": "recv", "t": 1.5, "src": "d", "data": "HB:s30-99999999,s3-1a2b3c4d"},
+        {"ev": "renew", "t": 1.6, "now": 1.5, "leases": {"s3-1a2b3c4d": 2.0}},
+        {"ev": "handle", "t": 2.0, "now": 2.0, "src": "d", "data": "s3-1a2b3c4d:1"},
+        {"ev": "send", "t": 2.1, "to": "d", "data": "OK:s3-1a2b3c4d", "ok": True},
+        {"ev": "send", "t": 2.2, "to": "d", "data": "NK:expired:s30-99999999", "ok": True},
+        {"ev": "recv", "t": 2.3, "src": "d", "data": "HB:s30-99999999"},
+    ]
+    path = tmp_path / "prefill-0.trace.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["trace", "s3-1a2b3c4d", str(path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [ln.split()[2] for ln in lines] == [
+        "ev=grant",
+        "ev=recv",
+        "ev=renew",
+        "ev=handle",
+        "ev=send",
+    ]
+    assert "OK:s3-1a2b3c4d" in lines[-1]

@@ -28,6 +28,7 @@ _COMMANDS: tuple[str, ...] = (
     "sim_cmd",
     "prove_cmd",
     "check_cmd",
+    "check_trace_cmd",
     "demo_cmd",
     "serve_cmd",
     "trace_cmd",

@@ -68,6 +68,7 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
+        from ..workers.cluster import TraceViolation  # noqa: PLC0415
         from ..workers.demo import DemoSettings, run_demo  # noqa: PLC0415
     except ImportError as exc:
         return fail(
@@ -97,6 +98,9 @@ def run(args: argparse.Namespace) -> int:
         results = run_demo(settings, json_path=args.json)
     except (RuntimeError, TimeoutError) as exc:
         print(f"leaseproto demo failed: {exc}", file=sys.stderr)
+        return 1
+    except TraceViolation as exc:  # the workers' traces break the spec (check-trace)
+        print(f"leaseproto demo failed trace validation: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # the clusters' exits have stopped every worker
         print("\nleaseproto demo: interrupted; every worker process was stopped", file=sys.stderr)

@@ -101,6 +101,14 @@ def _common(p: argparse.ArgumentParser, *, nixl: bool = True) -> None:
             help="drop and count larger incoming NIXL notifications (default %(default)s)",
         )
         p.add_argument(
+            "--trace",
+            default=None,
+            metavar="FILE",
+            help="write a structured event trace (JSON lines: grants, notifications sent "
+            "and received, renewals, releases, verdicts, expiries) for leaseproto "
+            "check-trace and leaseproto trace; off by default",
+        )
+        p.add_argument(
             "--model-seed",
             type=int,
             default=0,

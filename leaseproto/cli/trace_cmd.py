@@ -2,8 +2,9 @@
 
 Reads the workers' logs (``leaseproto serve`` writes one line per event:
 ``2026-12-01 17:53:26,123 leaseproto.prefill INFO granted req s3-1a2b3c4d ...``)
-and JSON-lines event files (one object per line), keeps what names the
-request, and prints it in time order, each line with the file it came from:
+and JSON-lines event files (one object per line: the traces ``serve
+--trace`` writes, whose notifications name requests in their wire text), keeps
+what names the request, and prints it in time order, each line with the file it came from:
 grant, every renewal (at ``--log-level DEBUG``), heartbeats naming it, the
 read, NACKs, the release and why.
 
@@ -21,6 +22,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from ..core import wire
 from ._errors import fail
 
 __all__ = ["Event", "events", "register"]
@@ -30,8 +32,22 @@ _LOG = re.compile(
     r"(?P<t>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) (?P<who>\S+) (?P<level>[A-Z]+) (?P<msg>.*)"
 )
 #: JSON event fields that may name a request, and that may give its time.
-_ID_FIELDS = ("req_id", "remote_req_id", "id", "ids")
+_ID_FIELDS = ("req_id", "remote_req_id", "id", "ids", "req", "remote", "leases")
 _TIME_FIELDS = ("t", "ts", "time", "now")
+
+
+def _wire_ids(data: object) -> list[str]:
+    """The request ids a traced notification (``data``, latin-1 text) names."""
+    if not isinstance(data, str):
+        return []
+    try:
+        msg = wire.decode(data.encode("latin-1"))
+    except (wire.MalformedMessage, UnicodeEncodeError):
+        return []
+    if isinstance(msg, wire.Heartbeat):
+        return list(msg.ids)
+    req_id = getattr(msg, "req_id", None)
+    return [req_id] if isinstance(req_id, str) else []
 
 
 @dataclass(frozen=True)
@@ -54,6 +70,8 @@ def _names(value: Any, match: re.Pattern[str]) -> bool:
         return match.fullmatch(value) is not None
     if isinstance(value, list):
         return any(_names(v, match) for v in value)
+    if isinstance(value, dict):  # a trace's renewals: id -> time left
+        return any(_names(k, match) for k in value)
     return False
 
 
@@ -66,7 +84,9 @@ def _json_event(line: str, match: re.Pattern[str], source: str) -> Event | bool 
         return None
     if not isinstance(obj, dict):
         return None
-    if not any(_names(obj.get(k), match) for k in _ID_FIELDS):
+    if not any(_names(obj.get(k), match) for k in _ID_FIELDS) and not _names(
+        _wire_ids(obj.get("data")), match
+    ):
         return False
     t = next((obj[k] for k in _TIME_FIELDS if isinstance(obj.get(k), (int, float))), 0.0)
     text = " ".join(f"{k}={v}" for k, v in obj.items() if k not in _TIME_FIELDS)

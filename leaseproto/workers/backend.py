@@ -10,6 +10,7 @@ its own share from P, the rest arriving from the other decode ranks
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from functools import cache
 from typing import TYPE_CHECKING, Any
@@ -20,6 +21,7 @@ from ..adapters.kv_pool import LayoutError, PoolExhausted, PoolLayout
 from ..adapters.nixl import NixlEndpoint, free_port
 from ..adapters.xfer import Transfer, XferDescs, XferState
 from .model import TinyDecoder
+from .trace import open_trace, text
 
 if TYPE_CHECKING:
     from .decode_state import RankParams
@@ -55,9 +57,24 @@ def reference_tokens(
 class KVBackend:
     """Endpoint + pool + model of one rank."""
 
-    def __init__(self, opts: RankOptions, *, agent_name: str, full_heads: bool = False) -> None:
+    def __init__(
+        self, opts: RankOptions, *, agent_name: str, role: str, full_heads: bool = False
+    ) -> None:
         """``full_heads``: hold every head (decode rank 0, which runs the model),
-        not just this rank's share."""
+        not just this rank's share. ``role`` names the worker in its trace
+        (``opts.trace``; :mod:`.trace`), which records every notification sent,
+        received and attached to a READ."""
+        self.trace = open_trace(
+            opts.trace,
+            role=role,
+            engine=str(getattr(opts, "engine_id", "")),
+            rank=opts.rank,
+            tp=opts.tp,
+            agent=agent_name,
+            config=opts.config,
+            policy=opts.policy,
+            verify_reads=bool(getattr(opts, "verify_reads", True)),
+        )
         self.model = TinyDecoder(seed=opts.model_seed, device=opts.device)
         cfg = self.model.config
         self.rank_heads = head_range(opts.rank, opts.tp, cfg.num_heads)
@@ -78,10 +95,19 @@ class KVBackend:
         return self.endpoint.is_connected(agent)
 
     def send(self, agent: str, payload: bytes) -> bool:
-        return self.endpoint.send(agent, payload)
+        if not self.trace.enabled:
+            return self.endpoint.send(agent, payload)
+        sent_at = time.monotonic()  # before the send: its receiver may log it at once
+        ok = self.endpoint.send(agent, payload)
+        self.trace.emit("send", stamp=sent_at, to=agent, data=text(payload), ok=ok)
+        return ok
 
     def poll(self) -> list[tuple[str, bytes]]:
-        return self.endpoint.poll()
+        got = self.endpoint.poll()
+        if self.trace.enabled:
+            for sender, payload in got:
+                self.trace.emit("recv", src=sender, data=text(payload))
+        return got
 
     def take_lost_peers(self) -> list[tuple[str, str]]:
         return self.endpoint.take_lost_peers()
@@ -89,6 +115,8 @@ class KVBackend:
     def read(
         self, agent: str, local: XferDescs, remote: XferDescs, *, notif_msg: bytes
     ) -> Transfer:
+        if self.trace.enabled:
+            self.trace.emit("read", to=agent, data=text(notif_msg))
         return self.endpoint.read(agent, local, remote, notif_msg=notif_msg)
 
     def transfer_state(self, xfer: Transfer) -> XferState:
@@ -99,6 +127,7 @@ class KVBackend:
 
     def close(self) -> None:
         self.endpoint.close()
+        self.trace.close()
 
     # -- blocks ---------------------------------------------------------------------------
     @property

@@ -24,15 +24,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-import zmq
-
 from ..core.config import LeaseConfig
-from .plane import Msg, call, decode, encode
+from .client import RouterClient
+from .plane import Msg, call
 
-__all__ = ["Cluster", "ClusterSpec", "RouterClient", "Worker"]
+__all__ = ["Cluster", "ClusterSpec", "RouterClient", "TraceViolation", "Worker"]
 
 #: Seconds a worker may take to start (import torch and NIXL, register memory).
 START_TIMEOUT = 90.0
+
+
+class TraceViolation(AssertionError):
+    """The workers' traces show a step the spec does not allow
+    (``leaseproto check-trace``)."""
 
 
 @dataclass
@@ -55,6 +59,8 @@ class ClusterSpec:
     on_kv_loss: str = "recompute"
     extra: Mapping[str, Sequence[str]] = field(default_factory=dict)  # role -> extra args
     log_level: str = "INFO"
+    #: every prefill and decode worker writes an event trace, checked when the cluster stops
+    trace: bool = True
 
     @property
     def config(self) -> LeaseConfig:
@@ -118,6 +124,10 @@ class Cluster:
         self._logs: list[TextIO] = []
         #: every process started, ready or not (stop() ends them all)
         self._spawned: list[Worker] = []
+        #: the event traces the workers write (ClusterSpec.trace)
+        self.traces: list[Path] = []
+        #: what ``leaseproto check-trace`` said of them, once checked
+        self.trace_report: dict[str, Any] | None = None
 
     # -- processes ------------------------------------------------------------------------
     def _spawn(self, name: str, args: list[str]) -> Worker:
@@ -140,6 +150,10 @@ class Cluster:
             self.spec.log_level,
             "--exit-with-parent",
         ]
+        if self.spec.trace and args[0] in ("prefill", "decode"):
+            trace = self.log_dir / f"{name}.trace.jsonl"
+            self.traces.append(trace)
+            cmd += ["--trace", str(trace)]
         proc = subprocess.Popen(
             cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL
         )
@@ -287,10 +301,43 @@ class Cluster:
             self.stop()
             raise
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-        if self._tmp is not None:
-            self._tmp.cleanup()
+    def check_traces(self) -> dict[str, Any]:
+        """Stop the workers and run ``leaseproto check-trace`` on their traces
+        (once); its JSON summary.
+
+        Raises:
+            TraceViolation: the traces show a transition the spec does not allow.
+        """
+        if self.trace_report is None:
+            self.stop()
+            files = [str(p) for p in self.traces if p.exists()]
+            proc = subprocess.run(
+                [sys.executable, "-m", "leaseproto", "check-trace", "--json", *files],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            try:
+                self.trace_report = dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+            except (IndexError, ValueError) as exc:
+                raise TraceViolation(
+                    f"check-trace failed (status {proc.returncode}): {proc.stderr}"
+                ) from exc
+            if proc.returncode != 0:
+                raise TraceViolation(
+                    f"the traces in {self.log_dir} break the spec: {self.trace_report['first']}"
+                    f" (leaseproto check-trace {' '.join(files)})"
+                )
+        return self.trace_report
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        try:
+            self.stop()
+            if self.spec.trace and exc_type is None:
+                self.check_traces()
+        finally:
+            if self._tmp is not None:
+                self._tmp.cleanup()
 
     # -- requests -------------------------------------------------------------------------
     def stats(self, worker: Worker, timeout: float = 5.0) -> Msg:
@@ -326,53 +373,3 @@ class Cluster:
                 on_poll(p, asked)
             time.sleep(0.02)
         return None
-
-
-class RouterClient:
-    """Submit many requests to the router without blocking; collect answers."""
-
-    def __init__(self, address: str) -> None:
-        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-        self.sock: zmq.Socket[bytes] = self.ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.connect(address)
-        self.results: dict[Any, Msg] = {}
-        self.sent: dict[Any, float] = {}
-
-    def submit(self, req_id: str, prompt: Sequence[int], max_tokens: int) -> None:
-        self.sent[req_id] = time.monotonic()
-        self.sock.send(
-            encode(
-                {"op": "generate", "id": req_id, "prompt": list(prompt), "max_tokens": max_tokens}
-            )
-        )
-
-    def poll(self, timeout: float = 0.0) -> list[Msg]:
-        """Answers that arrived within ``timeout`` seconds (at least one wait)."""
-        out: list[Msg] = []
-        if self.sock.poll(int(timeout * 1000), zmq.POLLIN):
-            while True:
-                try:
-                    msg = decode(self.sock.recv(zmq.NOBLOCK))
-                except zmq.Again:
-                    break
-                if msg.get("op") == "result":
-                    sent = self.sent.get(msg.get("id"))
-                    msg["_latency"] = None if sent is None else time.monotonic() - sent
-                    self.results[msg.get("id")] = msg
-                    out.append(msg)
-        return out
-
-    def wait_all(self, *, deadline: float) -> dict[Any, Msg]:
-        """Wait until every submitted request has an answer or ``deadline``
-        (``time.monotonic``) passes; returns the answers so far."""
-        while len(self.results) < len(self.sent):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            self.poll(min(left, 0.2))
-        return self.results
-
-    def close(self) -> None:
-        self.sock.close(0)
-        self.ctx.term()

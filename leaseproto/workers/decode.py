@@ -58,7 +58,7 @@ class DecodeWorker(DecodeReads, DecodeLeases, EngineLoop):
         self.config = opts.config
         self.tracker = HeartbeatTracker(opts.config)
         self.backend = KVBackend(
-            opts, agent_name=f"decode-r0-{secrets.token_hex(3)}", full_heads=True
+            opts, agent_name=f"decode-r0-{secrets.token_hex(3)}", role="decode", full_heads=True
         )
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self.server = Server(self.ctx, opts.host, opts.port)

@@ -104,6 +104,8 @@ class _Read:
     verdicts_due: set[str] = field(default_factory=set)
     verify_by: float = 0.0
     error: str | None = None
+    #: every P agent whose OK this read waits for (for the trace)
+    ok_from: set[str] = field(default_factory=set)
 
 
 class DecodeFollower(EngineLoop):
@@ -112,7 +114,9 @@ class DecodeFollower(EngineLoop):
     def __init__(self, opts: DecodeOptions) -> None:
         opts.validate()
         self.opts = opts
-        self.backend = KVBackend(opts, agent_name=f"decode-r{opts.rank}-{secrets.token_hex(3)}")
+        self.backend = KVBackend(
+            opts, agent_name=f"decode-r{opts.rank}-{secrets.token_hex(3)}", role="decode"
+        )
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self.server = Server(self.ctx, opts.host, opts.port)
         self.metrics = DecodeMetrics(opts.engine_id, opts.rank)
@@ -227,6 +231,7 @@ class DecodeFollower(EngineLoop):
                 )
                 if rank.agent in verified:
                     rd.verdicts_due.add(rank.agent)
+            rd.ok_from = set(rd.verdicts_due)
             self.reads[req_id] = rd
 
     def _progress(self) -> None:
@@ -254,6 +259,9 @@ class DecodeFollower(EngineLoop):
             for x in rd.transfers:
                 self.backend.release(x)
             if error is None:
+                self.backend.trace.emit(
+                    "use", req=rd.req_id, remote=rd.remote, ok_from=sorted(rd.ok_from)
+                )
                 kv = self.backend.export_shard(rd.blocks, rd.num_tokens)
                 self.counts["reads_done"] += 1
                 self.metrics.transfers.labels(outcome="done").inc()

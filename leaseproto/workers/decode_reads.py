@@ -129,6 +129,7 @@ class DecodeReads:
             req.transfers.append(self.backend.read(rank.agent, local, remote, notif_msg=notif))
             if req.verified:
                 req.verdicts_due.add(rank.agent)
+        req.ok_from = sorted(req.verdicts_due)
         req.followers_pending.update(self.followers.ranks)
         refused = self.followers.read(req)
         if refused is not None:
@@ -176,6 +177,9 @@ class DecodeReads:
             self.counts["verdict_wait_us"] += round(waited * 1e6)
         else:
             self.metrics.verdicts.labels(verdict="unverified").inc()
+        self.backend.trace.emit(
+            "use", req=req.req_id, remote=req.remote_req_id, ok_from=req.ok_from
+        )
         req.start_token = req.first_token
         req.kv_in = True
         req.state = "decoding"

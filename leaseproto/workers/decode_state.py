@@ -137,6 +137,8 @@ class Req:
     verified: bool = False
     #: P ranks (agents) whose verdict on rank 0's reads is still awaited
     verdicts_due: set[str] = field(default_factory=set)
+    #: every P agent whose OK the read waits for (for the trace)
+    ok_from: list[str] = field(default_factory=list)
     read_done_at: float = 0.0
     #: discard what was read if a verdict is still missing at this instant
     verify_by: float = 0.0

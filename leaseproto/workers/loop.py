@@ -50,6 +50,8 @@ class RankOptions:
     policy: str = "lease"
     #: largest incoming notification handled; larger ones are dropped and counted
     max_notification_in: int = MAX_INCOMING_BYTES
+    #: write a structured event trace here (:mod:`.trace`); None: no trace
+    trace: str | None = None
 
     @classmethod
     def from_args(
@@ -74,6 +76,7 @@ class RankOptions:
             model_seed=args.model_seed,
             policy=args.policy,
             max_notification_in=args.max_incoming_notification_bytes,
+            trace=getattr(args, "trace", None),
             **extra,
         )
 

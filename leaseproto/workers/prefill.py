@@ -71,7 +71,7 @@ class PrefillWorker(PrefillLeases, EngineLoop):
         self.config = opts.config
         self.table = LeaseTable(opts.config)
         self.agent_name = f"{opts.engine_id}-r{opts.rank}-{secrets.token_hex(3)}"
-        self.backend = KVBackend(opts, agent_name=self.agent_name)
+        self.backend = KVBackend(opts, agent_name=self.agent_name, role="prefill")
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self.server = Server(self.ctx, opts.host, opts.port)
         self.metrics = PrefillMetrics(
@@ -150,7 +150,9 @@ class PrefillWorker(PrefillLeases, EngineLoop):
     def _abort(self, req_id: str) -> None:
         for q in [q for q in self.queue if q.req_id == req_id]:
             self.queue.remove(q)
-        rel = self.table.abort(req_id, now=self._clock())
+        now = self._clock()
+        rel = self.table.abort(req_id, now=now)
+        self.backend.trace.emit("abort_req", now=now, req=req_id)
         if rel is not None:
             self._release(rel)
 
@@ -180,6 +182,14 @@ class PrefillWorker(PrefillLeases, EngineLoop):
             self.blocks[q.req_id] = blocks
             self.metrics.prefills.inc()
             deadline = self.table.deadline(q.req_id)
+            self.backend.trace.emit(
+                "grant",
+                now=now,
+                req=q.req_id,
+                consumers=q.consumers,
+                blocks=len(blocks),
+                lease=None if deadline is None else deadline - now,
+            )
             if rel is not None:  # a staged abort / transfer-done completed it already
                 self._release(rel)
                 self.server.reply(

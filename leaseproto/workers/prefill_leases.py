@@ -31,6 +31,7 @@ from ..core.events import LateTransfer, Release, ReleaseReason, TransferCounted
 from ..core.table import LeaseTable
 from .metrics import PrefillMetrics
 from .notifications import DropLog, Inbox, NotificationGate
+from .trace import text
 
 if TYPE_CHECKING:
     from .backend import KVBackend
@@ -72,6 +73,7 @@ class PrefillLeases:
         """Free the blocks of a lease the core just ended (spec: exactly then)."""
         blocks = self.blocks.pop(rel.req_id, [])
         self.backend.free(blocks)
+        self.backend.trace.release(rel, len(blocks))
         self.last_release_at = rel.at
         self.metrics.observe_release(rel)
         if rel.reason is ReleaseReason.EXPIRED:
@@ -139,6 +141,11 @@ class PrefillLeases:
             return
         lost: list[str] = []
         self.table.renew(ids, now=now, lost=lost)
+        if self.backend.trace.enabled:
+            deadlines = {rid: self.table.deadline(rid) for rid in ids}
+            self.backend.trace.emit(
+                "renew", now=now, leases={r: d - now for r, d in deadlines.items() if d is not None}
+            )
         if log.isEnabledFor(logging.DEBUG):
             self._log_renewals(ids, sender, now)
         if sender not in self.verdict_readers:
@@ -175,6 +182,8 @@ class PrefillLeases:
                 )
 
     def _notification(self, sender: str, payload: bytes, now: float) -> None:
+        if self.backend.trace.enabled:
+            self.backend.trace.emit("handle", now=now, src=sender, data=text(payload))
         try:
             msg = wire.decode(payload)
         except wire.MalformedMessage as exc:
@@ -207,7 +216,10 @@ class PrefillLeases:
             self._now = max(self._now, at)
             self._notification(sender, payload, self._now)
         if not self.inbox:
-            for rel in self.table.expire(now=max(polled, self._now)):
+            now = max(polled, self._now)
+            released = self.table.expire(now=now)
+            self.backend.trace.expire(now, len(released))
+            for rel in released:
                 self._release(rel)
         self.drops.flush()
         for peer, reason in self.backend.take_lost_peers():

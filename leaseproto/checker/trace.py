@@ -1,0 +1,290 @@
+"""Trace validation of real runs: ``leaseproto check-trace FILE...`` (spec §9.1).
+
+Each worker started with ``--trace FILE`` writes JSON lines
+(:mod:`leaseproto.workers.trace`). :func:`check_files` merges the traces of
+one run and checks:
+
+* each prefill rank, replayed through a fresh ``LeaseTable`` and the rules
+  (:mod:`.trace_rules`): every grant, renewal, release and verdict it logged
+  is a legal transition and exactly what the table does (I1-I7, I10, I12,
+  I13's verdict rule);
+* the network (§3.1: the transport may reorder, delay and lose, never invent):
+  every notification a traced agent received from a traced agent was sent by
+  it (a ``send``, or the transfer-done of a ``read``), at most once per send
+  and, on one host (the same boot id, so one monotonic clock), not before it
+  was sent. Senders without a trace (a test's injector) are counted, not
+  checked;
+* each decode rank (I13): it used what it read only after ``OK`` for that
+  request from every P agent it read from that gives verdicts; with the
+  network check and P's replay, that ``OK`` was sent while the lease was live.
+
+Every violation names the file and line of the first event no legal
+transition explains and the invariant's id.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import defaultdict, deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..core import wire
+from .trace_rules import Event, PrefillReplay, Violation
+
+__all__ = ["Report", "TraceError", "TraceFile", "check_files", "check_traces", "load"]
+
+#: Slack for comparing two processes' readings of one monotonic clock, seconds.
+CLOCK_SLACK = 1e-3
+
+
+class TraceError(ValueError):
+    """A file that is not a trace (no header, a line that is not JSON)."""
+
+
+@dataclass
+class TraceFile:
+    """One worker's trace: its header, its events in order, and whether it
+    ended cleanly (an ``end`` line; a killed worker's trace has none)."""
+
+    path: str
+    header: dict[str, Any]
+    events: list[Event]
+    complete: bool
+
+    @property
+    def agent(self) -> str:
+        return str(self.header.get("agent", ""))
+
+    @property
+    def role(self) -> str:
+        return str(self.header.get("role", ""))
+
+
+@dataclass
+class Report:
+    """What :func:`check_files` found."""
+
+    files: int = 0
+    events: int = 0
+    leases: int = 0
+    releases: int = 0
+    matched: int = 0
+    external: int = 0
+    uses: int = 0
+    cut: int = 0
+    seconds: float = 0.0
+    violations: list[Violation] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def first(self) -> Violation | None:
+        """The earliest violation (by the monotonic clock, then file order)."""
+        return min(
+            self.violations, key=lambda v: (v.event.t, v.event.path, v.event.line), default=None
+        )
+
+    def summary(self) -> str:
+        status = "ok" if self.ok else f"{len(self.violations)} violation(s)"
+        return (
+            f"check-trace: {status}: {self.events} events in {self.files} files "
+            f"({self.cut} cut short), {self.leases} leases granted, {self.releases} released, "
+            f"{self.matched} notifications matched to their sends ({self.external} from "
+            f"untraced agents), {self.uses} reads used; {self.seconds:.3f} s"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        first = self.first()
+        return {
+            "ok": self.ok,
+            "files": self.files,
+            "events": self.events,
+            "cut": self.cut,
+            "leases": self.leases,
+            "releases": self.releases,
+            "matched": self.matched,
+            "external": self.external,
+            "uses": self.uses,
+            "seconds": self.seconds,
+            "violations": len(self.violations),
+            "first": None if first is None else str(first),
+            "invariant": None if first is None else first.invariant,
+        }
+
+
+def load(path: str | Path) -> TraceFile:
+    """Read one trace. A last line cut off mid-write (a killed worker) is dropped.
+
+    Raises:
+        OSError: it cannot be read.
+        TraceError: it is not a trace.
+    """
+    name = str(path)
+    raw = Path(path).read_text(encoding="ascii", errors="replace")
+    lines = raw.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    elif lines:
+        lines.pop()  # no newline after it: written only in part
+    events: list[Event] = []
+    for i, line in enumerate(lines, 1):
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise TraceError(f"{name}:{i}: not JSON: {exc}") from exc
+        if not isinstance(obj, dict) or "ev" not in obj:
+            raise TraceError(f"{name}:{i}: not a trace event")
+        events.append(Event(name, i, obj))
+    if not events or events[0].ev != "header":
+        raise TraceError(f"{name}: no trace header (is it a --trace file?)")
+    header = events[0].obj
+    return TraceFile(name, header, events[1:], bool(events) and events[-1].ev == "end")
+
+
+def _sends(traces: Iterable[TraceFile]) -> dict[tuple[str, str, bytes], deque[Event]]:
+    out: dict[tuple[str, str, bytes], deque[Event]] = defaultdict(deque)
+    for tf in traces:
+        for e in tf.events:
+            if e.ev == "read" or (e.ev == "send" and e.obj.get("ok", True)):
+                out[(tf.agent, str(e.obj["to"]), e.data())].append(e)
+    return out
+
+
+def _network(traces: list[TraceFile], report: Report) -> None:
+    """Every received notification from a traced agent was sent by it (§3.1)."""
+    by_agent = {tf.agent: tf for tf in traces}
+    sends = _sends(traces)
+    for tf in traces:
+        for e in tf.events:
+            if e.ev != "recv":
+                continue
+            src = str(e.obj["src"])
+            sender = by_agent.get(src)
+            if sender is None:
+                report.external += 1
+                continue
+            queue = sends.get((src, tf.agent, e.data()))
+            if not queue:
+                report.violations.append(
+                    Violation("§3.1", e, f"received {e.data()!r} from {src}, which never sent it")
+                )
+                continue
+            same_clock = sender.header.get("boot") is not None and sender.header.get(
+                "boot"
+            ) == tf.header.get("boot")
+            sent = queue.popleft()
+            if same_clock and sent.t > e.t + CLOCK_SLACK:
+                report.violations.append(
+                    Violation(
+                        "§3.1",
+                        e,
+                        f"received {e.data()!r} from {src} before it was sent "
+                        f"({sent.path}:{sent.line})",
+                    )
+                )
+                continue
+            report.matched += 1
+
+
+def _verifying(tf: TraceFile | None) -> bool:
+    """Whether a P agent's trace says it answers transfer-dones with verdicts."""
+    return tf is not None and tf.header.get("policy", "lease") == "lease"
+
+
+def _decode(tf: TraceFile, by_agent: dict[str, TraceFile], report: Report) -> None:
+    """I13 on one decode rank: a read is used only after every OK it waits for."""
+    read_from: dict[str, set[str]] = defaultdict(set)
+    oks: set[tuple[str, str]] = set()
+    verify = bool(tf.header.get("verify_reads", True)) and tf.header.get("policy") == "lease"
+    for e in tf.events:
+        if e.ev == "read":
+            try:
+                done = wire.decode(e.data())
+            except wire.MalformedMessage:
+                continue
+            if isinstance(done, wire.TransferDone):
+                read_from[done.req_id].add(str(e.obj["to"]))
+        elif e.ev == "recv":
+            try:
+                msg = wire.decode(e.data())
+            except wire.MalformedMessage:
+                continue
+            if isinstance(msg, wire.Ok):
+                oks.add((str(e.obj["src"]), msg.req_id))
+        elif e.ev == "use":
+            report.uses += 1
+            remote = str(e.obj.get("remote"))
+            ok_from = {str(a) for a in e.obj.get("ok_from", [])}
+            sources = read_from.get(remote, set())
+            missing = sorted(a for a in ok_from if (a, remote) not in oks)
+            if missing:
+                report.violations.append(
+                    Violation("I13", e, f"used the read of {remote} before OK from {missing[0]}")
+                )
+            elif not sources:
+                report.violations.append(Violation("I13", e, f"used {remote}, never read"))
+            else:
+                unverified = sorted(
+                    a for a in sources - ok_from if verify and _verifying(by_agent.get(a))
+                )
+                if unverified:
+                    report.violations.append(
+                        Violation(
+                            "I13",
+                            e,
+                            f"used the read of {remote} from {unverified[0]}, which gives "
+                            "verdicts, without waiting for its OK",
+                        )
+                    )
+
+
+def check_traces(traces: list[TraceFile]) -> Report:
+    """Check the traces of one run (see the module's docstring).
+
+    Raises:
+        TraceError: an event lacks a field its kind has.
+    """
+    start = time.perf_counter()
+    report = Report(files=len(traces), events=sum(len(tf.events) + 1 for tf in traces))
+    report.cut = sum(not tf.complete for tf in traces)
+    by_agent = {tf.agent: tf for tf in traces}
+    for tf in traces:
+        if tf.role == "prefill":
+            replay = PrefillReplay(tf.header, complete=tf.complete)
+            for e in tf.events:
+                try:
+                    replay.feed(e)
+                except (KeyError, TypeError, ValueError) as exc:
+                    raise TraceError(
+                        f"{e.path}:{e.line}: a malformed {e.ev!r} event: {exc!r}"
+                    ) from exc
+            replay.finish()
+            report.leases += replay.grants
+            report.releases += replay.releases
+            report.violations += replay.violations
+        elif tf.role == "decode":
+            _decode(tf, by_agent, report)
+    try:
+        _network(traces, report)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise TraceError(f"a malformed send, read or recv event: {exc!r}") from exc
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def check_files(paths: Iterable[str | Path]) -> Report:
+    """Load and check the traces at ``paths``.
+
+    Raises:
+        OSError: a file cannot be read.
+        TraceError: a file is not a trace.
+    """
+    start = time.perf_counter()
+    report = check_traces([load(p) for p in paths])
+    report.seconds = time.perf_counter() - start
+    return report

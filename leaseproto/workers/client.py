@@ -1,0 +1,64 @@
+"""A client of the router that submits many requests without blocking and
+collects the answers (for :mod:`.cluster`, ``leaseproto demo`` and the tests)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import zmq
+
+from .plane import Msg, decode, encode
+
+__all__ = ["RouterClient"]
+
+
+class RouterClient:
+    """Submit many requests to the router without blocking; collect answers."""
+
+    def __init__(self, address: str) -> None:
+        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        self.sock: zmq.Socket[bytes] = self.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(address)
+        self.results: dict[Any, Msg] = {}
+        self.sent: dict[Any, float] = {}
+
+    def submit(self, req_id: str, prompt: Sequence[int], max_tokens: int) -> None:
+        self.sent[req_id] = time.monotonic()
+        self.sock.send(
+            encode(
+                {"op": "generate", "id": req_id, "prompt": list(prompt), "max_tokens": max_tokens}
+            )
+        )
+
+    def poll(self, timeout: float = 0.0) -> list[Msg]:
+        """Answers that arrived within ``timeout`` seconds (at least one wait)."""
+        out: list[Msg] = []
+        if self.sock.poll(int(timeout * 1000), zmq.POLLIN):
+            while True:
+                try:
+                    msg = decode(self.sock.recv(zmq.NOBLOCK))
+                except zmq.Again:
+                    break
+                if msg.get("op") == "result":
+                    sent = self.sent.get(msg.get("id"))
+                    msg["_latency"] = None if sent is None else time.monotonic() - sent
+                    self.results[msg.get("id")] = msg
+                    out.append(msg)
+        return out
+
+    def wait_all(self, *, deadline: float) -> dict[Any, Msg]:
+        """Wait until every submitted request has an answer or ``deadline``
+        (``time.monotonic``) passes; returns the answers so far."""
+        while len(self.results) < len(self.sent):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self.poll(min(left, 0.2))
+        return self.results
+
+    def close(self) -> None:
+        self.sock.close(0)
+        self.ctx.term()

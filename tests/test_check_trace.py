@@ -1,0 +1,286 @@
+"""Trace validation (``leaseproto check-trace``, spec §9.1): a legal run of one
+prefill and one decode rank passes, and each hand-made defect in it -- a
+renewal no heartbeat explains, a release before the deadline, an OK for an
+expired lease, a read used before its OK, a heartbeat nobody sent -- fails
+naming its invariant. A real run's traces are in tests/test_e2e_trace.py."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from leaseproto import LeaseConfig
+from leaseproto.checker.trace import TraceError, check_files, load
+from leaseproto.cli import main
+
+P, D = "prefill-engine-r0-aaaaaa", "decode-r0-bbbbbb"
+CONFIG = LeaseConfig(3.0).as_dict()
+
+
+def _header(role: str, agent: str) -> dict[str, Any]:
+    return {
+        "ev": "header",
+        "t": 99.0,
+        "v": 1,
+        "role": role,
+        "engine": "e",
+        "rank": 0,
+        "tp": 1,
+        "agent": agent,
+        "pid": 1,
+        "host": "h",
+        "boot": "boot-1",
+        "config": CONFIG,
+        "policy": "lease",
+        "verify_reads": True,
+    }
+
+
+def _hb(*ids: str) -> str:
+    return "HB:" + ",".join(ids)
+
+
+def legal() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Lease a: granted at 100, renewed at 100.5 (to 103) and 101.5 (to 103.5),
+    transferred at 102 and answered OK, used by D. Lease b: never heartbeated,
+    expired at 103 (its deadline)."""
+    p = [
+        _header("prefill", P),
+        {
+            "ev": "grant",
+            "t": 100.0,
+            "now": 100.0,
+            "req": "a",
+            "consumers": 1,
+            "blocks": 2,
+            "lease": 3.0,
+        },
+        {
+            "ev": "grant",
+            "t": 100.0,
+            "now": 100.0,
+            "req": "b",
+            "consumers": 1,
+            "blocks": 2,
+            "lease": 3.0,
+        },
+        {"ev": "recv", "t": 100.5, "src": D, "data": _hb("a")},
+        {"ev": "recv", "t": 100.5, "src": D, "data": "HB:leaseproto/1"},
+        {"ev": "handle", "t": 100.5, "now": 100.5, "src": D, "data": _hb("a")},
+        {"ev": "renew", "t": 100.5, "now": 100.5, "leases": {"a": 2.5}},
+        {"ev": "handle", "t": 100.5, "now": 100.5, "src": D, "data": "HB:leaseproto/1"},
+        {"ev": "send", "t": 100.5, "to": D, "data": "OK:leaseproto/1", "ok": True},
+        {"ev": "expire", "t": 100.6, "now": 100.6, "n": 0},
+        {"ev": "recv", "t": 101.5, "src": D, "data": _hb("a")},
+        {"ev": "handle", "t": 101.5, "now": 101.5, "src": D, "data": _hb("a")},
+        {"ev": "renew", "t": 101.5, "now": 101.5, "leases": {"a": 2.0}},
+        {"ev": "recv", "t": 102.0, "src": D, "data": "a:1"},
+        {"ev": "handle", "t": 102.0, "now": 102.0, "src": D, "data": "a:1"},
+        {
+            "ev": "release",
+            "t": 102.0,
+            "req": "a",
+            "reason": "transferred",
+            "at": 102.0,
+            "granted_at": 100.0,
+            "deadline": 103.5,
+            "last_renewal": 101.5,
+            "blocks": 2,
+        },
+        {"ev": "send", "t": 102.0, "to": D, "data": "OK:a", "ok": True},
+        {"ev": "expire", "t": 103.0, "now": 103.0, "n": 1},
+        {
+            "ev": "release",
+            "t": 103.0,
+            "req": "b",
+            "reason": "expired",
+            "at": 103.0,
+            "granted_at": 100.0,
+            "deadline": 103.0,
+            "last_renewal": None,
+            "blocks": 2,
+        },
+        {"ev": "end", "t": 104.0},
+    ]
+    d = [
+        _header("decode", D),
+        {"ev": "send", "t": 100.4, "to": P, "data": _hb("a"), "ok": True},
+        {"ev": "send", "t": 100.4, "to": P, "data": "HB:leaseproto/1", "ok": True},
+        {"ev": "recv", "t": 100.6, "src": P, "data": "OK:leaseproto/1"},
+        {"ev": "send", "t": 101.4, "to": P, "data": _hb("a"), "ok": True},
+        {"ev": "read", "t": 101.9, "to": P, "data": "a:1"},
+        {"ev": "recv", "t": 102.1, "src": P, "data": "OK:a"},
+        {"ev": "use", "t": 102.2, "req": "a", "remote": "a", "ok_from": [P]},
+        {"ev": "end", "t": 104.0},
+    ]
+    return p, d
+
+
+def _write(tmp_path: Path, p: list[dict[str, Any]], d: list[dict[str, Any]]) -> list[Path]:
+    out = []
+    for name, events in (("prefill-0", p), ("decode-0", d)):
+        path = tmp_path / f"{name}.trace.jsonl"
+        path.write_text("".join(json.dumps(e) + "\n" for e in events))
+        out.append(path)
+    return out
+
+
+def _find(events: list[dict[str, Any]], **match: Any) -> int:
+    return next(i for i, e in enumerate(events) if all(e.get(k) == v for k, v in match.items()))
+
+
+def test_a_legal_run_passes(tmp_path: Path) -> None:
+    report = check_files(_write(tmp_path, *legal()))
+    assert report.ok, [str(v) for v in report.violations]
+    assert (report.files, report.leases, report.releases, report.uses) == (2, 2, 2, 1)
+    assert report.matched == 6 and report.external == 0
+    assert main(["check-trace", *map(str, _write(tmp_path, *legal()))]) == 0
+
+
+def _renewal_without_heartbeat(p: list[dict[str, Any]], d: list[dict[str, Any]]) -> None:
+    # after the transfer-done, P logs that it moved b's deadline
+    i = _find(p, ev="send", data="OK:a")
+    p.insert(i + 1, {"ev": "renew", "t": 102.0, "now": 102.0, "leases": {"b": 2.0}})
+
+
+def _release_before_deadline(p: list[dict[str, Any]], d: list[dict[str, Any]]) -> None:
+    i = _find(p, ev="expire", n=1)
+    p[i]["now"] = p[i + 1]["at"] = 102.5
+
+
+def _ok_for_expired(p: list[dict[str, Any]], d: list[dict[str, Any]]) -> None:
+    # D reads b after it expired; P answers OK (NK:expired is the only legal answer)
+    d[-1:-1] = [
+        {"ev": "read", "t": 103.1, "to": P, "data": "b:1"},
+        {"ev": "recv", "t": 103.3, "src": P, "data": "OK:b"},
+        {"ev": "use", "t": 103.4, "req": "b", "remote": "b", "ok_from": [P]},
+    ]
+    p[-1:-1] = [
+        {"ev": "recv", "t": 103.2, "src": D, "data": "b:1"},
+        {"ev": "handle", "t": 103.2, "now": 103.2, "src": D, "data": "b:1"},
+        {"ev": "send", "t": 103.2, "to": D, "data": "OK:b", "ok": True},
+    ]
+
+
+def _use_before_ok(p: list[dict[str, Any]], d: list[dict[str, Any]]) -> None:
+    use = d.pop(_find(d, ev="use"))
+    d.insert(_find(d, ev="recv", data="OK:a"), use)
+
+
+def _heartbeat_nobody_sent(p: list[dict[str, Any]], d: list[dict[str, Any]]) -> None:
+    del d[_find(d, ev="send", t=101.4)]
+
+
+MUTANTS = {
+    "renewal no heartbeat explains": (_renewal_without_heartbeat, "I6"),
+    "release before the deadline": (_release_before_deadline, "I12"),
+    "OK for an expired lease": (_ok_for_expired, "I13"),
+    "D uses a read before OK": (_use_before_ok, "I13"),
+    "heartbeat received that nobody sent": (_heartbeat_nobody_sent, "§3.1"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MUTANTS))
+def test_each_defect_fails_naming_its_invariant(
+    tmp_path: Path, name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    mutate, invariant = MUTANTS[name]
+    p, d = copy.deepcopy(legal())
+    mutate(p, d)
+    files = _write(tmp_path, p, d)
+    report = check_files(files)
+    first = report.first()
+    assert first is not None, f"{name}: not caught"
+    assert first.invariant == invariant, [str(v) for v in report.violations]
+    assert main(["check-trace", *map(str, files)]) == 1
+    out = capsys.readouterr().out
+    assert f"VIOLATION {first.event.path}:{first.event.line}: {invariant}:" in out
+
+
+def test_a_trace_cut_by_sigkill_may_lack_its_last_outputs(tmp_path: Path) -> None:
+    p, d = legal()
+    cut = p[: _find(p, ev="expire", n=1) + 1]  # killed before it logged b's release
+    files = _write(tmp_path, cut, d)
+    files[0].write_text(files[0].read_text() + '{"ev": "recv", "t": 10')  # a half-written line
+    report = check_files(files)
+    assert report.ok and report.cut == 1, [str(v) for v in report.violations]
+    # ... but a clean trace that lacks it fails (the table released b, P never did)
+    files = _write(tmp_path, [*cut, {"ev": "end", "t": 104.0}], d)
+    assert check_files(files).first() is not None
+    assert check_files(files).violations[0].invariant == "I4"
+
+
+def test_untraced_senders_are_counted_not_invented(tmp_path: Path) -> None:
+    p, d = legal()
+    i = _find(p, ev="expire", n=1)
+    p[i:i] = [
+        {"ev": "recv", "t": 102.5, "src": "injector-1", "data": "HB:nope"},
+        {"ev": "handle", "t": 102.5, "now": 102.5, "src": "injector-1", "data": "HB:nope"},
+        {"ev": "renew", "t": 102.5, "now": 102.5, "leases": {}},
+    ]
+    report = check_files(_write(tmp_path, p, d))
+    assert report.ok and report.external == 1, [str(v) for v in report.violations]
+
+
+def test_not_a_trace_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "x.log"
+    f.write_text("2026-12-01 17:53:26,123 leaseproto.prefill INFO granted\n")
+    with pytest.raises(TraceError, match="not JSON"):
+        load(f)
+    assert main(["check-trace", str(f)]) == 2
+    assert "not JSON" in capsys.readouterr().err
+
+
+def test_the_writer_writes_what_the_checker_reads(tmp_path: Path) -> None:
+    from leaseproto.checker.trace_rules import _release_of
+    from leaseproto.core.events import Release, ReleaseReason
+    from leaseproto.workers.trace import NO_TRACE, TraceWriter, open_trace
+
+    assert (
+        open_trace(None, role="prefill", engine="e", rank=0, tp=1, agent=P, config=LeaseConfig(3.0))
+        is NO_TRACE
+    )
+    path = tmp_path / "p.trace.jsonl"
+    w = open_trace(
+        path,
+        role="prefill",
+        engine="e",
+        rank=0,
+        tp=1,
+        agent=P,
+        config=LeaseConfig(3.0),
+        policy="lease",
+    )
+    assert isinstance(w, TraceWriter)
+    rel = Release(
+        "a", ReleaseReason.EXPIRED, 103.0, granted_at=100.0, deadline=103.0, last_renewal=None
+    )
+    w.expire(101.0, 0)
+    w.expire(102.0, 0)  # only the last idle expire before the next event is written
+    w.emit("send", stamp=5.0, to=D, data="OK:a", ok=True)
+    w.expire(103.0, 1)
+    w.release(rel, 2)
+    w.close()
+    tf = load(path)
+    assert tf.complete and tf.agent == P and tf.header["config"] == LeaseConfig(3.0).as_dict()
+    kinds = [(e.ev, e.obj.get("now")) for e in tf.events]
+    assert kinds == [
+        ("expire", 102.0),
+        ("send", None),
+        ("expire", 103.0),
+        ("release", None),
+        ("end", None),
+    ]
+    assert tf.events[1].t == 5.0
+    assert _release_of(tf.events[3].obj) == rel
+
+
+def test_a_malformed_event_is_a_clear_error(tmp_path: Path) -> None:
+    p, d = legal()
+    del p[_find(p, ev="release", req="a")]["at"]
+    with pytest.raises(TraceError, match="malformed 'release' event"):
+        check_files(_write(tmp_path, p, d))
