@@ -284,3 +284,23 @@ def test_a_malformed_event_is_a_clear_error(tmp_path: Path) -> None:
     del p[_find(p, ev="release", req="a")]["at"]
     with pytest.raises(TraceError, match="malformed 'release' event"):
         check_files(_write(tmp_path, p, d))
+
+
+def test_a_read_of_an_ended_lease_used_unverified_fails(tmp_path: Path) -> None:
+    # D reads b after it expired and uses it without a verdict (as against a P
+    # that gives none): I13 holds only if it never uses such a read
+    p, d = legal()
+    d[-1:-1] = [
+        {"ev": "read", "t": 103.1, "to": P, "data": "b:1"},
+        {"ev": "use", "t": 103.4, "req": "b", "remote": "b", "ok_from": []},
+    ]
+    p[-1:-1] = [
+        {"ev": "recv", "t": 103.2, "src": D, "data": "b:1"},
+        {"ev": "handle", "t": 103.2, "now": 103.2, "src": D, "data": "b:1"},
+        {"ev": "send", "t": 103.2, "to": D, "data": "NK:expired:b", "ok": True},
+    ]
+    first = check_files(_write(tmp_path, p, d)).first()
+    assert first is not None and first.invariant == "I13"
+    assert (
+        "had ended when P handled its transfer-done" in first.message and "EXPIRED" in first.message
+    )

@@ -15,8 +15,11 @@ one run and checks:
   was sent. Senders without a trace (a test's injector) are counted, not
   checked;
 * each decode rank (I13): it used what it read only after ``OK`` for that
-  request from every P agent it read from that gives verdicts; with the
-  network check and P's replay, that ``OK`` was sent while the lease was live.
+  request from every P agent it read from that gives verdicts (with the
+  network check and P's replay, that ``OK`` was sent while the lease was
+  live), and never a read whose lease had ended when P handled its
+  transfer-done -- which catches a decoder that uses reads unverified (a P
+  that gives no verdicts, ``--policy fixed``) where it matters.
 
 Every violation names the file and line of the first event no legal
 transition explains and the invariant's id.
@@ -33,6 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from ..core import wire
+from ..core.rules import GRANTED
+from ..core.state import LeaseState
 from .trace_rules import Event, PrefillReplay, Violation
 
 __all__ = ["Report", "TraceError", "TraceFile", "check_files", "check_traces", "load"]
@@ -196,8 +201,27 @@ def _verifying(tf: TraceFile | None) -> bool:
     return tf is not None and tf.header.get("policy", "lease") == "lease"
 
 
-def _decode(tf: TraceFile, by_agent: dict[str, TraceFile], report: Report) -> None:
-    """I13 on one decode rank: a read is used only after every OK it waits for."""
+def _ended_read(
+    tf: TraceFile, remote: str, sources: set[str], replays: dict[str, PrefillReplay]
+) -> str | None:
+    """A P agent of ``sources`` whose lease of ``remote`` had ended when it
+    handled this rank's transfer-done, and how (I13's first half), or None."""
+    for a in sorted(sources):
+        replay = replays.get(a)
+        state = None if replay is None else replay.read_state.get((tf.agent, remote))
+        if state is not None and state != GRANTED:
+            return f"{a} ({LeaseState(state).name})"
+    return None
+
+
+def _decode(
+    tf: TraceFile,
+    by_agent: dict[str, TraceFile],
+    replays: dict[str, PrefillReplay],
+    report: Report,
+) -> None:
+    """I13 on one decode rank: a read is used only after every OK it waits for,
+    and never when its lease had ended as P handled its transfer-done."""
     read_from: dict[str, set[str]] = defaultdict(set)
     oks: set[tuple[str, str]] = set()
     verify = bool(tf.header.get("verify_reads", True)) and tf.header.get("policy") == "lease"
@@ -228,6 +252,15 @@ def _decode(tf: TraceFile, by_agent: dict[str, TraceFile], report: Report) -> No
                 )
             elif not sources:
                 report.violations.append(Violation("I13", e, f"used {remote}, never read"))
+            elif (ended := _ended_read(tf, remote, sources, replays)) is not None:
+                report.violations.append(
+                    Violation(
+                        "I13",
+                        e,
+                        f"used the read of {remote}, whose lease had ended when P handled its "
+                        f"transfer-done: {ended}",
+                    )
+                )
             else:
                 unverified = sorted(
                     a for a in sources - ok_from if verify and _verifying(by_agent.get(a))
@@ -253,9 +286,10 @@ def check_traces(traces: list[TraceFile]) -> Report:
     report = Report(files=len(traces), events=sum(len(tf.events) + 1 for tf in traces))
     report.cut = sum(not tf.complete for tf in traces)
     by_agent = {tf.agent: tf for tf in traces}
+    replays: dict[str, PrefillReplay] = {}
     for tf in traces:
         if tf.role == "prefill":
-            replay = PrefillReplay(tf.header, complete=tf.complete)
+            replay = replays[tf.agent] = PrefillReplay(tf.header, complete=tf.complete)
             for e in tf.events:
                 try:
                     replay.feed(e)
@@ -267,8 +301,9 @@ def check_traces(traces: list[TraceFile]) -> Report:
             report.leases += replay.grants
             report.releases += replay.releases
             report.violations += replay.violations
-        elif tf.role == "decode":
-            _decode(tf, by_agent, report)
+    for tf in traces:
+        if tf.role == "decode":
+            _decode(tf, by_agent, replays, report)
     try:
         _network(traces, report)
     except (KeyError, TypeError, ValueError) as exc:

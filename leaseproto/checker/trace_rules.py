@@ -115,6 +115,9 @@ class PrefillReplay:
         self._msg: wire.Message | None = None
         self._verdict_state = rules.ABSENT
         self._expected: list[tuple[Any, ...]] = []
+        #: (reader agent, request id) -> the lease's state when P first handled that
+        #: reader's transfer-done (I13: what a read of it is worth)
+        self.read_state: dict[tuple[str, str], int] = {}
 
     def _fail(self, inv: str, event: Event, message: str) -> None:
         self.violations.append(Violation(inv, event, message))
@@ -204,6 +207,7 @@ class PrefillReplay:
         elif isinstance(msg, wire.TransferDone):
             g = self.ghost.get(msg.req_id)
             self._verdict_state = rules.ABSENT if g is None else g.state
+            self.read_state.setdefault((src, msg.req_id), self._verdict_state)
             out = self.table.transfer_done(msg.req_id, now=now, readers=msg.count)
             if isinstance(out, Release):
                 self._expected.append(("release", out))

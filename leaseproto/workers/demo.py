@@ -103,6 +103,8 @@ def _spec(settings: DemoSettings, policy: str, p_blocks: int) -> ClusterSpec:
         d_blocks=256,
         max_running=settings.max_running,
         d_step_time=settings.d_step_time,
+        # a fixed timeout breaks I13 on purpose: its traces show where, they fail nothing
+        trace_must_pass=policy == "lease",
     )
 
 
@@ -326,11 +328,16 @@ def run_demo(
 def _trace_line(progress: DemoDisplay, cluster: Cluster, policy: str) -> dict[str, Any]:
     """The workers' traces, checked when the cluster stopped (leaseproto
     check-trace; a violation has raised by now): one line of figures."""
-    r = cluster.check_traces()
+    r = cluster.check_traces(strict=cluster.spec.trace_must_pass)
+    found = (
+        "no violation"
+        if r["ok"]
+        else f"{r['violations']} violations, the first {r['first'].rsplit('/', 1)[-1]}"
+    )
     progress.line(
         f"trace validation ({policy} workers): {r['events']} events in {r['files']} traces, "
         f"{r['leases']} leases, {r['matched']} notifications matched to their sends, "
-        f"{r['uses']} reads used: no violation (checked in {r['seconds']:.2f} s)"
+        f"{r['uses']} reads used: {found} (checked in {r['seconds']:.2f} s)"
     )
     return r
 
