@@ -5,7 +5,6 @@ one event changed fail naming the invariant."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -87,4 +86,3 @@ def test_a_violation_fails_the_cluster(tmp_path: Path) -> None:
             r for r in _lines(d) if not (r["ev"] == "recv" and str(r["data"]).startswith("OK:v"))
         ]
         _save(d, rows)
-    shutil.rmtree(run)

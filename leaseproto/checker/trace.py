@@ -155,7 +155,8 @@ def _sends(traces: Iterable[TraceFile]) -> dict[tuple[str, str, bytes], deque[Ev
     out: dict[tuple[str, str, bytes], deque[Event]] = defaultdict(deque)
     for tf in traces:
         for e in tf.events:
-            if e.ev == "read" or (e.ev == "send" and e.obj.get("ok", True)):
+            # a send the endpoint reported failed may still have left (a NIXL error after it)
+            if e.ev in ("read", "send"):
                 out[(tf.agent, str(e.obj["to"]), e.data())].append(e)
     return out
 

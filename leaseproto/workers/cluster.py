@@ -6,6 +6,11 @@ runs.
 Workers bind port 0 and report the ports they got in a ready file, so no two
 clusters fight over ports; only the NIXL listener needs a port chosen up
 front (:func:`leaseproto.adapters.nixl.free_port`).
+
+Every prefill and decode worker writes an event trace (``--trace``) into the
+log folder; leaving the cluster runs ``leaseproto check-trace`` on them and
+raises :class:`TraceViolation` when they show a step the spec does not allow
+(kills, pauses and injected notifications are inputs it explains).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -339,7 +345,14 @@ class Cluster:
         try:
             self.stop()
             if self.spec.trace and exc_type is None:
-                self.check_traces(strict=self.spec.trace_must_pass)
+                try:
+                    self.check_traces(strict=self.spec.trace_must_pass)
+                except TraceViolation as violation:
+                    if self._tmp is None:
+                        raise
+                    kept = tempfile.mkdtemp(prefix="leaseproto-violation-")
+                    shutil.copytree(self.log_dir, kept, dirs_exist_ok=True)
+                    raise TraceViolation(f"{violation} [logs and traces kept in {kept}]") from None
         finally:
             if self._tmp is not None:
                 self._tmp.cleanup()
