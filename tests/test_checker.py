@@ -14,7 +14,9 @@ from typing import Any
 import pytest
 
 from leaseproto.checker import INVARIANTS, SCOPES, check
-from leaseproto.core import specialise
+from leaseproto.checker.scope import QUICK
+from leaseproto.core import rules, specialise
+from leaseproto.core.clock import ClockOffset
 from leaseproto.core.config import LeaseConfig
 from leaseproto.core.table import LeaseTable
 from leaseproto.core.tracker import HeartbeatTracker
@@ -160,6 +162,103 @@ def test_each_seeded_bug_is_caught_naming_its_invariant(
     assert res.violation is not None, f"{name}: not caught ({res.summary()})"
     assert res.violation.inv == inv, res.summary()
     assert inv in INVARIANTS and res.trace, res.summary()
+
+
+@pytest.mark.parametrize("name", sorted(QUICK))
+def test_the_quick_scopes_hold_on_the_real_code(name: str) -> None:
+    """What the mutation run (tools/mutation_run.py) explores for each mutant."""
+    res = check(QUICK[name])
+    assert res.ok, res.summary()
+    assert res.states > 1000, res.summary()
+
+
+def test_d_with_two_ranks_is_explored_exhaustively_without_violation() -> None:
+    res = check(SCOPES["d2"])
+    assert res.ok and not res.bounded, res.summary()
+
+
+def _renew_with(mp: pytest.MonkeyPatch, **change: Any) -> None:
+    """Rebind the renewal rule (the table's generated loop follows, rules.watch)."""
+    orig = rules.renew_rule
+
+    def broken(state: int, deadline: float, cap_at: Any, now: float, ext: float) -> Any:
+        args = {"state": state, "deadline": deadline, "cap_at": cap_at, "now": now, "ext": ext}
+        args.update({k: f(args) for k, f in change.items()})
+        return orig(args["state"], args["deadline"], args["cap_at"], args["now"], args["ext"])
+
+    mp.setattr(rules, "renew_rule", broken)
+
+
+#: the checks added for I5, I6 (ghost bounds), I7, I9 and D with two ranks, each shown
+#: to fail on a mutant of the real code: name -> (apply, scope, invariant)
+NEW_CHECKS: dict[str, tuple[Any, Any, str]] = {
+    "grant deadline 1 s past ttl (I5)": (
+        lambda mp: mutate(
+            mp,
+            LeaseTable,
+            "grant",
+            "R.grant_deadline(now, float(ttl))",
+            "R.grant_deadline(now, float(ttl)) + 1",
+        ),
+        SCOPES["small"].with_(d_crash=True),
+        "I5",
+    ),
+    "renewal extends 1 s too far (I6)": (
+        lambda mp: _renew_with(mp, ext=lambda a: a["ext"] + 1),
+        SCOPES["small"],
+        "I6",
+    ),
+    "renewal ignores the cap (I7)": (
+        lambda mp: _renew_with(mp, cap_at=lambda a: None),
+        SCOPES["cap"],
+        "I7",
+    ),
+    "clock offset with the wrong sign (I9)": (
+        lambda mp: mutate(
+            mp,
+            ClockOffset,
+            "add_sample",
+            "self._offset = remote_time - (t0 + t1) / 2",
+            "self._offset = (t0 + t1) / 2 - remote_time",
+        ),
+        SCOPES["gate"],
+        "I9",
+    ),
+    "read gate without the uncertainty (I9)": (
+        lambda mp: mp.setattr(ClockOffset, "uncertainty_at", lambda self, now: 0.0),
+        SCOPES["gate"],
+        "I9",
+    ),
+    "readers from the wire ignored (D with 2 ranks, I10)": (
+        lambda mp: mutate(
+            mp,
+            LeaseTable,
+            "transfer_done",
+            "n = lease.readers = lease.consumers if readers is None else readers",
+            "n = lease.readers = lease.consumers",
+        ),
+        SCOPES["d2"],
+        "I10",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(NEW_CHECKS))
+def test_each_new_check_fails_on_a_mutant(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    apply, scope, inv = NEW_CHECKS[name]
+    assert check(scope).ok  # the real code passes the same scope
+    apply(monkeypatch)
+    res = check(scope)
+    assert res.violation is not None, f"{name}: not caught ({res.summary()})"
+    assert res.violation.inv == inv, res.summary()
+    assert inv in INVARIANTS
+
+
+def test_the_readers_mutant_passes_with_one_d_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the two-rank scope adds: with one D rank the same mutant goes unseen."""
+    apply, _, _ = NEW_CHECKS["readers from the wire ignored (D with 2 ranks, I10)"]
+    apply(monkeypatch)
+    assert check(SCOPES["small"]).ok
 
 
 def test_the_trace_is_printed_step_by_step(monkeypatch: pytest.MonkeyPatch) -> None:

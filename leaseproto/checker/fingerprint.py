@@ -15,6 +15,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ..core.clock import ClockOffset
     from ..core.table import LeaseTable
     from ..core.tracker import HeartbeatTracker
 
@@ -71,12 +72,32 @@ def tracker_fp(t: HeartbeatTracker, now: float, h: float) -> tuple[Any, ...]:
     return by_engine, last, tuple(v.get("_unsent", ())), ranks, timers
 
 
+def clock_fp(c: ClockOffset, now: float, h: float) -> tuple[Any, ...]:
+    """The kept sample (the count of samples is only a statistic)."""
+    if not c.has_sample:
+        return (None,)
+    return c.offset, c.uncertainty, _rel(c.sampled_at, now, h)
+
+
 def world_fingerprint(w: World_) -> bytes:
     now = float(w.now)
     h = _horizon(w)
     ghosts = (
         tuple(
-            (k, tuple((i.live, i.reason, _rel(i.ended_at, now, h), i.tds) for i in v))
+            (
+                k,
+                tuple(
+                    (
+                        i.live,
+                        i.reason,
+                        _rel(i.ended_at, now, h),
+                        i.tds,
+                        _rel(i.granted_at, now, h) if i.live else None,
+                        _rel(i.renewed_at, now, h) if i.live else None,
+                    )
+                    for i in v
+                ),
+            )
             for k, v in sorted(w.inst.items())
         ),
         tuple(sorted(w.staged.items())),
@@ -90,6 +111,8 @@ def world_fingerprint(w: World_) -> bytes:
         tuple(sorted(w.phase.items())),
         tuple(sorted(w.reads.items())),
         tuple(sorted(w.verdicts.items())),
+        tuple((p, clock_fp(c, now, h)) for p, c in sorted(w.clocks.items())),
+        tuple((p, _rel(t, now, h)) for p, t in sorted(w.hello.items())),
     )
     state = (
         tuple(table_fp(w.tables[p], now, h) for p in w.P),

@@ -38,3 +38,6 @@ class Instance:
     ended_at: int | None = None
     #: transfer-dones P handled for this instance (staged ones included)
     tds: int = 0
+    #: when P granted it, and when P last applied a heartbeat naming it (I5-I7)
+    granted_at: int = 0
+    renewed_at: int | None = None

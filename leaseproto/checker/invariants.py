@@ -40,9 +40,13 @@ INVARIANTS = {
     "an abort staged before the grant ends it at the grant)",
     "I3": "every grant is released exactly once (one Release per instance)",
     "I4": "after P's reap at now, no live lease has deadline <= now",
-    "I6": "bounded liveness: a live lease's deadline is within max(granted_at + ttl, "
-    "last renewal + lease_extension), so silence releases it by then",
-    "I8": "under §5's bounds, no lease of a request D tracks expires",
+    "I5": "bounded liveness: a lease P never renewed is released by granted_at + ttl",
+    "I6": "bounded liveness: a lease is released by max(granted_at + ttl, h + lease_extension), "
+    "h P's last heartbeat naming it; its deadline never lies past that bound",
+    "I7": "with a cap C, no lease is held past granted_at + max(ttl, C)",
+    "I8": "under §5's bounds, no lease of a request D tracks expires (before its cap)",
+    "I9": "the read gate admits a read only margin before the lease's deadline, "
+    "whatever the handshake's round trip (ClockOffset; scope gate)",
     "I10": "a lease is released TRANSFERRED only after `readers` transfer-dones, "
     "and is released once they all arrived (staged ones included)",
     "I11": "after D's step every tracked engine not pending had a heartbeat less "
@@ -77,7 +81,9 @@ def check_release(w: World_, p: str, r: str, inst: Instance, rel: Release) -> No
     if rel.reason is ReleaseReason.EXPIRED:
         if rel.deadline > rel.at:
             raise Violation("I12", f"{r} on {p} expired at {rel.at}, before its deadline")
-        if not w.broken and w.phase.get(r) == "tracked" and len(w.inst[(p, r)]) == 1:
+        cap = w.cfg.max_lease_lifetime
+        capped = cap is not None and rel.at >= inst.granted_at + cap
+        if not w.broken and w.phase.get(r) == "tracked" and len(w.inst[(p, r)]) == 1 and not capped:
             raise Violation("I8", f"{r} on {p} expired at {rel.at} while D tracked it")
 
 
@@ -96,7 +102,30 @@ def check_reaped(w: World_, p: str) -> None:
             )
         bound = max(granted + ttl, (last if isinstance(last, float) else granted) + ext)
         if deadline > bound:
-            raise Violation("I6", f"{r} on {p}: deadline {deadline} past its bound {bound}")
+            inst = w.live_inst(p, r)
+            never = last is None and inst is not None and inst.renewed_at is None
+            what = "never renewed, " if never else ""
+            raise Violation(
+                "I5" if never else "I6", f"{r} on {p}: {what}deadline {deadline} past {bound}"
+            )
+        check_bounds(w, p, r)
+
+
+def check_bounds(w: World_, p: str, r: str) -> None:
+    """I5-I7 against the ghosts (when P granted the lease, when P last applied a
+    heartbeat naming it), not the table's own record: after P's reap at ``now``,
+    a lease still live has not outlived its bound."""
+    inst = w.live_inst(p, r)
+    assert inst is not None
+    cfg = w.cfg
+    ttl, ext, cap = cfg.kv_lease_duration, cfg.lease_extension, cfg.max_lease_lifetime
+    g, h = inst.granted_at, inst.renewed_at
+    if h is None and w.now >= g + ttl:
+        raise Violation("I5", f"{r} on {p}, granted at {g} and never renewed, live at {w.now}")
+    if h is not None and w.now >= max(g + ttl, h + ext):
+        raise Violation("I6", f"{r} on {p}, granted at {g}, last heartbeat at {h}, live at {w.now}")
+    if cap is not None and w.now >= g + max(ttl, cap):
+        raise Violation("I7", f"{r} on {p}, granted at {g}, cap {cap}, live at {w.now}")
 
 
 def check_renewal(w: World_, p: str, before: dict[str, float | None], lost: list[str]) -> None:

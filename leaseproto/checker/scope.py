@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 
 from ..core.config import LeaseConfig
 
-__all__ = ["SCOPES", "Scope", "scope_config"]
+__all__ = ["QUICK", "SCOPES", "Scope", "scope_config"]
 
 
 def scope_config() -> LeaseConfig:
@@ -60,6 +60,12 @@ class Scope:
     reconnects: int = 0
     #: P may grant an ended id again this many times in all
     regrants: int = 0
+    #: D samples each P's clock in a handshake and reads only through the gate (I9)
+    gate: bool = False
+    #: P's clock minus D's, ticks (scopes with ``gate``)
+    skew: int = 0
+    #: the gate's margin, ticks
+    gate_margin: int = 2
     #: stop after this many distinct states (reported as a bounded run)
     max_states: int = 200_000
     config: LeaseConfig = field(default_factory=scope_config)
@@ -82,6 +88,11 @@ def schedule_config() -> LeaseConfig:
     )
 
 
+def cap_config() -> LeaseConfig:
+    """The scope configuration with a cap of 7 ticks (C4: at least L)."""
+    return replace(scope_config(), max_lease_lifetime=7.0)
+
+
 SCOPES: dict[str, Scope] = {
     # the normal test suite: exhaustive in about a second
     "small": Scope("small", requests=1, p_ranks=1, d_ranks=1, dups=0, d_crash=False),
@@ -89,6 +100,25 @@ SCOPES: dict[str, Scope] = {
     "ranks": Scope("ranks", requests=1, p_ranks=2, d_ranks=1, dups=0, d_crash=False),
     # two requests on one rank: tombstone order, heap order
     "two": Scope("two", requests=2, p_ranks=1, d_ranks=1, dups=0, d_crash=False),
+    # D with two ranks: each reads and sends its own transfer-done, readers n = 2 from the wire
+    "d2": Scope("d2", requests=1, p_ranks=1, d_ranks=2, dups=0, d_crash=False),
+    # a lifetime cap of 7 ticks: D heartbeats on, P still releases by granted_at + C (I7)
+    "cap": Scope("cap", requests=1, p_ranks=1, d_ranks=1, dups=0, config=cap_config()),
+    # the clock handshake and the read gate (I9): P's clock 3 ticks ahead, the hello sent at
+    # any instant, reads only through the gate, and a pause of D (so reads come near the deadline)
+    "gate": Scope(
+        "gate",
+        requests=1,
+        p_ranks=1,
+        d_ranks=1,
+        losses=0,
+        d_pause=2,
+        dups=0,
+        aborts=False,
+        d_crash=False,
+        gate=True,
+        skew=3,
+    ),
     # D's schedule over two engines that fall out of step (a lost connection)
     "schedule": Scope(
         "schedule",
@@ -116,4 +146,24 @@ SCOPES: dict[str, Scope] = {
         regrants=1,
         max_states=1_000_000,
     ),
+}
+
+
+def _one_tombstone() -> LeaseConfig:
+    return replace(scope_config(), tombstone_capacity=1)
+
+
+#: The quick scopes: what the test suite and the mutation run (tools/mutation_run.py)
+#: explore on every change, ``small`` exhaustively and the others bounded.
+QUICK: dict[str, Scope] = {
+    "small": SCOPES["small"],
+    "small-crash": SCOPES["small"].with_(name="small-crash", d_crash=True),
+    "ranks": SCOPES["ranks"].with_(max_states=3_000),
+    "two": SCOPES["two"].with_(max_states=3_000),
+    "two-tomb1": SCOPES["two"].with_(name="two-tomb1", config=_one_tombstone(), max_states=3_000),
+    "schedule": SCOPES["schedule"].with_(max_states=3_000),
+    "faults": SCOPES["faults"].with_(max_states=3_000),
+    "d2": SCOPES["d2"].with_(max_states=5_000),
+    "cap": SCOPES["cap"],
+    "gate": SCOPES["gate"].with_(max_states=3_000),
 }

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import copy
 from collections import OrderedDict
-from typing import Any
 
 from ..core import wire
+from ..core.clock import ClockOffset
 from ..core.events import Release
 from ..core.table import LeaseTable
 from ..core.tracker import HeartbeatTracker
+from . import glue
 from . import invariants as inv
 from .clone import clone_table, clone_tracker
 from .fingerprint import world_fingerprint
@@ -82,6 +83,9 @@ class World:
         self.phase = dict.fromkeys(self.R, "new")
         self.reads: dict[tuple[str, str, str], bool] = {}  # (r, d, p) -> blocks live at the read
         self.verdicts: dict[tuple[str, str, str], str] = {}
+        #: D's clock samples of each P engine (scopes with ``gate``), and when it sent its hello
+        self.clocks: dict[str, ClockOffset] = {}
+        self.hello: dict[str, int] = {}
 
     # -- branching ------------------------------------------------------------------------
     def copy(self) -> World:
@@ -104,6 +108,8 @@ class World:
         new.phase = dict(self.phase)
         new.reads = dict(self.reads)
         new.verdicts = dict(self.verdicts)
+        new.clocks = {p: copy.copy(c) for p, c in self.clocks.items()}
+        new.hello = dict(self.hello)
         return new
 
     def live_inst(self, p: str, r: str) -> Instance | None:
@@ -177,11 +183,17 @@ class World:
                 late = late or self.now - self.first_grant[r] >= 1
             if ph == "tracked":
                 out += [
-                    ("read", r, d, p) for d in self.D for p in self.P if (r, d, p) not in self.reads
+                    ("read", r, d, p)
+                    for d in self.D
+                    for p in self.P
+                    if (r, d, p) not in self.reads
+                    and (not self.scope.gate or glue.gate_admits(self, r, p))
                 ]
                 if self.scope.aborts:
                     out.append(("abort", r))
         for p in self.P:
+            if self.scope.gate and p not in self.hello:
+                out.append(("hello", p))
             if p in self.pending:
                 out.append(("reconnect", p))
             elif self.budget["reconnect"] > 0:
@@ -223,7 +235,7 @@ class World:
         self.budget["dup"] -= 1
         self.undecided.append(self.undecided[i])
 
-    def _send(self, src: str, dst: str, data: bytes) -> None:
+    def send(self, src: str, dst: str, data: bytes) -> None:
         self.net.append(Msg(src, dst, data, self.now))
 
     def _do_tick(self) -> None:
@@ -242,7 +254,7 @@ class World:
         # staged notifications P may forget (staging_ttl, capacity): checked only if none was
         dropped = self.staged_mark.pop((p, r), table.stats.early_dropped)
         res = table.grant(r, now=float(self.now))
-        inst = Instance(tds=self.staged.pop((p, r), 0))
+        inst = Instance(tds=self.staged.pop((p, r), 0), granted_at=self.now)
         insts.append(inst)
         self.tombs[p].pop(r, None)
         self.first_grant.setdefault(r, self.now)
@@ -276,7 +288,7 @@ class World:
         """P's loop step: every arrived notification, then expire (workers/prefill.py)."""
         self.turn += 1
         for m in self.inbox.pop(p, []):
-            self._at_p(p, m.src, wire.decode(m.data))
+            glue.at_p(self, p, m)
         for rel in self.tables[p].expire(now=float(self.now)):
             self.released(p, rel.req_id, rel)
         ttl = self.cfg.tombstone_ttl  # P prunes tombstones older than their ttl when it reaps
@@ -299,7 +311,7 @@ class World:
         self.staged_abort = {k for k in self.staged_abort if k[0] != p}
         self.staged_mark = {k: v for k, v in self.staged_mark.items() if k[0] != p}
 
-    def _untrack(self, r: str, phase: str) -> None:
+    def untrack(self, r: str, phase: str) -> None:
         self.phase[r] = phase
         for p in self.P:
             self.tracker.untrack(f"{r}@{p}")
@@ -309,7 +321,7 @@ class World:
         self.d_received = True
         for d in self.D:
             for m in self.inbox.pop(d, []):
-                self._at_d(m.src, d, wire.decode(m.data))
+                glue.at_d(self, d, m)
 
     def _do_route(self, r: str) -> None:
         self.phase[r] = "tracked"
@@ -322,21 +334,28 @@ class World:
         for engine, ids in due.items():
             self.last_hb[engine] = self.now
             for payload in wire.encode_heartbeat(ids, max_bytes=self.cfg.max_notification_bytes):
-                self._send(self.D[0], engine, payload)
+                self.send(self.D[0], engine, payload)
         for engine in [e for e in self.last_hb if e not in self.tracker.engines()]:
             del self.last_hb[engine]
         inv.check_schedule(self)
         self._do_tick()
 
     def _do_read(self, r: str, d: str, p: str) -> None:
+        if self.scope.gate:
+            glue.check_gated_read(self, r, p)
         held = r in self.tables[p] or not self.inst.get((p, r))
         self.reads[(r, d, p)] = held
-        self._send(d, p, wire.encode_transfer_done(r, len(self.D)))
+        self.send(d, p, wire.encode_transfer_done(r, len(self.D)))
+
+    def _do_hello(self, p: str) -> None:
+        """D's first contact with P: a clock sample request (§8.7's handshake)."""
+        self.hello[p] = self.now
+        self.send(self.D[0], p, glue.HELLO)
 
     def _do_abort(self, r: str) -> None:
-        self._untrack(r, "aborted")
+        self.untrack(r, "aborted")
         for p in self.P:
-            self._send(self.D[0], p, wire.encode_abort(r))
+            self.send(self.D[0], p, wire.encode_abort(r))
 
     def _do_d_crash(self) -> None:
         self.d_alive = False
@@ -360,66 +379,6 @@ class World:
 
     def _do_reconnect(self, p: str) -> None:
         self.pending.discard(p)
-
-    # -- P's worker glue (spec §8.2-8.4) --------------------------------------------------
-    def _at_p(self, p: str, src: str, msg: Any) -> None:
-        table = self.tables[p]
-        now = float(self.now)
-        if isinstance(msg, wire.Heartbeat):
-            before = {r: table.deadline(r) for r in msg.ids}
-            lost: list[str] = []
-            table.renew(msg.ids, now=now, lost=lost)
-            inv.check_renewal(self, p, before, lost)
-            for r in lost:
-                reason = wire.lease_lost(r, table.lost_reason(r, now=now))
-                self._send(p, self.D[0], wire.encode(reason)[0])
-        elif isinstance(msg, wire.TransferDone):
-            r = msg.req_id
-            inst = self.live_inst(p, r)
-            tomb = inv.tombstone_owed(self, p, r)
-            res = table.transfer_done(r, now=now, readers=msg.count)
-            if inst is not None:
-                inst.tds += 1
-            elif res is None:
-                self.staged[(p, r)] = self.staged.get((p, r), 0) + 1
-                self.staged_mark.setdefault((p, r), table.stats.early_dropped)
-            if isinstance(res, Release):
-                self.released(p, r, res)
-            verdict = wire.verdict(r, res)
-            inv.check_verdict(self, p, r, live=inst is not None, tomb=tomb, v=verdict)
-            self._send(p, src, wire.encode(verdict)[0])
-        elif isinstance(msg, wire.Abort):
-            r = msg.req_id
-            inst = self.live_inst(p, r)
-            known = table.ended(r) is not None
-            dropped = table.stats.early_dropped
-            res = table.abort(r, now=now)
-            if isinstance(res, Release):
-                self.released(p, r, res)
-            elif inst is None and not known and table.stats.early_dropped == dropped:
-                self.staged_abort.add((p, r))
-                self.staged_mark.setdefault((p, r), dropped)
-        else:
-            raise Violation("wire", f"P received {msg!r}, which only P sends")
-
-    # -- D's worker glue (spec §7.3-7.4) --------------------------------------------------
-    def _at_d(self, p: str, d: str, msg: Any) -> None:
-        r = msg.req_id
-        if not self.d_alive or self.phase.get(r) != "tracked":
-            return  # late: D is done with it
-        if isinstance(msg, (wire.Ok, wire.Nack)):
-            self.verdicts[(r, d, p)] = "OK" if isinstance(msg, wire.Ok) else "NK"
-            if isinstance(msg, wire.Nack):
-                self._untrack(r, "failed")  # discard the read, recompute
-            elif all(self.verdicts.get((r, e, q)) == "OK" for e in self.D for q in self.P):
-                inv.check_use(self, r)
-                self._untrack(r, "done")
-        elif isinstance(msg, wire.LeaseLost):
-            # advisory: never overrides a verdict; D fails over only before reading
-            if not any((r, e, p) in self.reads for e in self.D):
-                self._untrack(r, "failed")
-        else:
-            raise Violation("wire", f"D received {msg!r}, which only D sends")
 
     # -- canonical fingerprint ------------------------------------------------------------
     def fingerprint(self) -> bytes:
