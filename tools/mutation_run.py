@@ -1,232 +1,421 @@
-"""Mutation run over the core: which mutants do the tests, the checker and the proofs kill?
+"""Mutation run over the core: which mutants do the unit tests, the model checker
+and the proofs kill, each on its own?
 
-    python tools/mutation_run.py --jobs 8 --sample 0.5 --seed 0
+    nice -n 10 python tools/mutation_run.py --jobs 2 --out mutation.jsonl
+    python tools/mutation_run.py --report mutation.jsonl      # the figures again
 
-Each mutant changes one node of one core module (comparison, arithmetic,
-``max``/``min`` and ``vmax``/``vmin``, boolean, constant, return value,
-statement deletion). It is written into a private copy of the package, and
-three layers run against it, each in its own process with a timeout:
+The mutants are those of tools/mutants.py (every core module; table, wire,
+config and specialise sampled at ``--sample``). Three layers judge each one,
+each in a process of its own forked from this one (pytest, hypothesis and z3
+already imported; the mutated module is served from memory by an import hook,
+so nothing is copied and nothing on disk changes):
 
-* ``tests``: the fast unit tests of the core (no e2e, no hypothesis machines);
-* ``checker``: ``leaseproto check`` on the small scopes;
-* ``proofs``: ``leaseproto prove`` (rules and state table only: the other
-  modules are not in any z3 model).
+* ``tests``: the hand-written tests of the core (``TEST_FILES``: unit tests, the
+  hypothesis machines in the derandomised ``ci`` profile, the scenario replays);
+* ``checker``: the model checker on the real code, scopes ``QUICK`` of
+  :mod:`leaseproto.checker.scope` (``small`` exhaustive, the others bounded);
+* ``proofs``: ``leaseproto prove`` (every obligation).
 
-A mutant is killed by a layer when that layer fails (or times out). The report
-lists every survivor with its location, for a human to classify as equivalent
-or as a gap.
+A layer kills a mutant when it fails, errs or runs past its timeout. First a
+baseline runs each layer on the unmutated code under a line tracer and records
+which core lines each test, scope and the proofs execute; a layer then runs a
+mutant only with the tests (scopes) that execute one of its lines, and a mutant
+none of them executes is *not reached* by that layer: its run would be the
+baseline's, which passes. Runs are deterministic (``PYTHONHASHSEED=0``,
+derandomised hypothesis), which is what makes that skipping exact.
+Survivors are classified by hand in tools/mutation_notes.py (equivalent, with
+the reason; anything else counts against the figure).
 """
 
+# ruff: noqa: PLC0415  (the layers import what they test in the forked child, after the hook)
 from __future__ import annotations
 
 import argparse
-import ast
-import concurrent.futures as cf
+import ctypes
+import hashlib
+import importlib.abc
+import importlib.util
+import json
+import linecache
 import os
-import random
-import shutil
-import subprocess
+import signal
 import sys
-import tempfile
-from dataclasses import dataclass
+import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-CORE = ROOT / "leaseproto" / "core"
-MODULES = ["rules.py", "state.py", "table.py", "tracker.py", "wire.py", "config.py", "clock.py"]
-SAMPLED = {"table.py", "wire.py", "config.py"}
-UNIT_TESTS = [
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from mutants import CORE, MODULES, ROOT, Mutant, mutants, mutated_source
+
+TEST_FILES = [
     "tests/test_table.py",
     "tests/test_tracker.py",
     "tests/test_wire.py",
+    "tests/test_verdicts.py",
     "tests/test_config.py",
     "tests/test_clock.py",
     "tests/test_state_table.py",
     "tests/test_rules_agree.py",
-    "tests/test_verdicts.py",
+    "tests/test_messages.py",
+    "tests/test_peer.py",
+    "tests/test_bad_input.py",
+    "tests/test_specialise.py",
+    "tests/test_model.py",
+    "tests/test_stateful.py",
+    "tests/test_composed.py",
+    "tests/test_replay.py",
 ]
-SWAP_CMP = {
-    ast.Lt: ast.LtE,
-    ast.LtE: ast.Lt,
-    ast.Gt: ast.GtE,
-    ast.GtE: ast.Gt,
-    ast.Eq: ast.NotEq,
-    ast.NotEq: ast.Eq,
-}
-SWAP_BIN = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.FloorDiv}
-SWAP_NAME = {
-    "max": "min",
-    "min": "max",
-    "vmax": "vmin",
-    "vmin": "vmax",
-    "conj": "disj",
-    "disj": "conj",
-}
+LAYERS = ("tests", "checker", "proofs")
 
 
-@dataclass(frozen=True)
-class Mutant:
-    module: str
-    index: int
-    line: int
-    what: str
+class _Serve(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Serves one module's mutated source (and puts it in linecache, so that
+    ``inspect.getsource`` sees what runs)."""
+
+    def __init__(self, name: str, path: Path, source: str) -> None:
+        self.name, self.path, self.source = name, str(path), source
+        lines = source.splitlines(keepends=True)
+        linecache.cache[self.path] = (len(source), None, lines, self.path)
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != self.name:
+            return None
+        return importlib.util.spec_from_file_location(fullname, self.path, loader=self)
+
+    def create_module(self, spec: Any) -> None:
+        return None
+
+    def exec_module(self, module: Any) -> None:
+        exec(compile(self.source, self.path, "exec", dont_inherit=True), vars(module))
 
 
-def _sites(tree: ast.AST) -> list[tuple[ast.AST, str]]:
-    out: list[tuple[ast.AST, str]] = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Compare) and type(node.ops[0]) in SWAP_CMP:
-            out.append(
-                (node, f"{type(node.ops[0]).__name__} -> {SWAP_CMP[type(node.ops[0])].__name__}")
-            )
-        elif isinstance(node, ast.BinOp) and type(node.op) in SWAP_BIN:
-            out.append((node, f"{type(node.op).__name__} -> {SWAP_BIN[type(node.op)].__name__}"))
-        elif (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Name)
-            and node.func.id in SWAP_NAME
-        ):
-            out.append((node, f"{node.func.id} -> {SWAP_NAME[node.func.id]}"))
-        elif isinstance(node, ast.BoolOp):
-            out.append((node, "and <-> or"))
-        elif isinstance(node, ast.Constant) and type(node.value) in (int, bool) and node.lineno > 0:
-            out.append((node, f"constant {node.value!r} changed"))
-        elif isinstance(node, ast.Return) and node.value is not None:
-            out.append((node, "return None"))
-        elif isinstance(node, (ast.Assign, ast.AugAssign, ast.Expr)) and not (
-            isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
-        ):
-            out.append((node, "statement deleted"))
-    return out
+# -- the layers, run in a forked child --------------------------------------------------------
+def _run_tests(units: list[str] | None, record: dict[str, Any]) -> bool:
+    import pytest
+
+    class First:
+        def pytest_runtest_logreport(self, report: Any) -> None:
+            if report.failed and "first" not in record:
+                record["first"] = report.nodeid
+
+        def pytest_collectreport(self, report: Any) -> None:
+            if report.failed and "first" not in record:
+                record["first"] = f"collect {report.nodeid}"
+
+    args = ["-x", "-q", "-p", "no:cacheprovider", "--rootdir", str(ROOT)]
+    rc = pytest.main([*args, *(units if units is not None else TEST_FILES)], plugins=[First()])
+    record["rc"] = int(rc)
+    return int(rc) != 0
 
 
-def _apply(node: ast.AST, what: str) -> None:
-    if isinstance(node, ast.Compare):
-        node.ops[0] = SWAP_CMP[type(node.ops[0])]()
-    elif isinstance(node, ast.BinOp):
-        node.op = SWAP_BIN[type(node.op)]()
-    elif isinstance(node, ast.Call):
-        assert isinstance(node.func, ast.Name)
-        node.func.id = SWAP_NAME[node.func.id]
-    elif isinstance(node, ast.BoolOp):
-        node.op = ast.Or() if isinstance(node.op, ast.And) else ast.And()
-    elif isinstance(node, ast.Constant):
-        node.value = (not node.value) if isinstance(node.value, bool) else node.value + 1
-    elif isinstance(node, ast.Return):
-        node.value = ast.Constant(None)
-    else:  # statement deletion: replace by `pass` in place
-        node.__class__ = ast.Pass
-        for f in list(node._fields):
-            if hasattr(node, f):
-                delattr(node, f)
+def _run_checker(units: list[str] | None, record: dict[str, Any]) -> bool:
+    from leaseproto.checker import check
+    from leaseproto.checker.scope import QUICK
+
+    for name, scope in QUICK.items():
+        if units is not None and name not in units:
+            continue
+        res = check(scope)
+        if res.violation is not None:
+            record["first"] = f"{name}: {res.violation.inv}: {res.violation.text}"[:200]
+            return True
+    return False
 
 
-def mutants(sample: float, seed: int) -> list[Mutant]:
-    rnd = random.Random(seed)
-    out = []
-    for mod in MODULES:
-        tree = ast.parse((CORE / mod).read_text())
-        for i, (node, what) in enumerate(_sites(tree)):
-            if mod in SAMPLED and rnd.random() >= sample:
-                continue
-            out.append(Mutant(mod, i, getattr(node, "lineno", 0), what))
-    return out
+def _run_proofs(units: list[str] | None, record: dict[str, Any]) -> bool:
+    from leaseproto.proofs.check import main
+
+    rc = main([])
+    record["rc"] = rc
+    return rc != 0
 
 
-def mutated_source(m: Mutant) -> str:
-    tree = ast.parse((CORE / m.module).read_text())
-    node, what = _sites(tree)[m.index]
-    _apply(node, what)
-    return ast.unparse(ast.fix_missing_locations(tree))
+RUNNERS = {"tests": _run_tests, "checker": _run_checker, "proofs": _run_proofs}
 
 
-def _layers(m: Mutant) -> dict[str, list[str]]:
-    py = sys.executable
-    out = {
-        "tests": [
-            py,
-            "-m",
-            "pytest",
-            "-x",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "-p",
-            "no:randomly",
-            *UNIT_TESTS,
-        ],
-        "checker": [
-            py,
-            "-m",
-            "pytest",
-            "-x",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "tests/test_checker.py",
-            "-k",
-            "small_scope or hold_on_the_real_code",
-        ],
-    }
-    if m.module in ("rules.py", "state.py", "sym.py"):
-        out["proofs"] = [py, "-m", "leaseproto.proofs"]
-    return out
+class _Tracer:
+    """Which core lines each unit (test id, scope, the proofs) executes."""
+
+    def __init__(self) -> None:
+        self.files = {str(CORE / m): m for m in MODULES}
+        self.unit = "<import>"
+        self.lines: dict[str, set[tuple[str, int]]] = {}
+        #: per test: when it started, then how long it took (tests run fastest first)
+        self.start: dict[str, float] = {}
+
+    def __call__(self, frame: Any, event: str, arg: Any) -> Any:
+        mod = self.files.get(frame.f_code.co_filename)
+        if mod is None:
+            return None
+        hits = self.lines.setdefault(self.unit, set())
+
+        def local(frame: Any, event: str, arg: Any) -> Any:
+            if event == "line":
+                hits.add((mod, frame.f_lineno))
+            return local
+
+        hits.add((mod, frame.f_lineno))
+        return local
 
 
-def run_one(m: Mutant, timeout: float) -> tuple[Mutant, dict[str, bool]]:
-    with tempfile.TemporaryDirectory(prefix="mut-") as tmp:
-        work = Path(tmp)
-        shutil.copytree(ROOT / "leaseproto", work / "leaseproto")
-        shutil.copytree(ROOT / "proofs", work / "leaseproto" / "proofs", dirs_exist_ok=True)
-        shutil.copytree(ROOT / "tests", work / "tests")
-        (work / "leaseproto" / "core" / m.module).write_text(mutated_source(m))
-        env = {**os.environ, "PYTHONPATH": str(work), "HYPOTHESIS_PROFILE": "ci"}
-        killed = {}
-        for layer, cmd in _layers(m).items():
-            try:
-                r = subprocess.run(
-                    cmd, cwd=work, env=env, capture_output=True, timeout=timeout, check=False
-                )
-                killed[layer] = r.returncode != 0
-            except subprocess.TimeoutExpired:
-                killed[layer] = True
-        return m, killed
+def _baseline_child(layer: str, out: Path) -> None:
+    tr = _Tracer()
+    sys.settrace(tr)
+    record: dict[str, Any] = {}
+    if layer == "tests":
+        import pytest
+
+        class Unit:
+            def pytest_runtest_setup(self, item: Any) -> None:
+                tr.unit = item.nodeid
+                tr.start[item.nodeid] = time.perf_counter()
+                sys.settrace(tr)  # a test may have replaced it
+
+            def pytest_runtest_teardown(self, item: Any) -> None:
+                started = tr.start.get(item.nodeid)  # None: skipped before our setup
+                if started is not None:
+                    tr.start[item.nodeid] = time.perf_counter() - started
+
+        rc = pytest.main(["-q", "-p", "no:cacheprovider", *TEST_FILES], plugins=[Unit()])
+        failed = int(rc) != 0
+    elif layer == "checker":
+        from leaseproto.checker import check
+        from leaseproto.checker.scope import QUICK
+
+        failed = False
+        for name, scope in QUICK.items():
+            tr.unit = name
+            failed = failed or not check(scope).ok
+    else:
+        tr.unit = "prove"
+        failed = _run_proofs(None, record)
+    sys.settrace(None)
+    cov = {u: sorted(f"{m}:{n}" for m, n in s) for u, s in tr.lines.items()}
+    out.write_text(json.dumps({"failed": failed, "cov": cov, "took": tr.start}))
+
+
+def _child(m: Mutant | None, layer: str, units: list[str] | None, out: Path) -> None:
+    if m is not None:
+        sys.meta_path.insert(
+            0, _Serve(f"leaseproto.core.{m.module[:-3]}", CORE / m.module, mutated_source(m))
+        )
+    record: dict[str, Any] = {}
+    try:
+        killed = RUNNERS[layer](units, record)
+    except BaseException as exc:  # the mutant broke the layer itself: killed
+        killed, record["first"] = True, f"{type(exc).__name__}: {exc}"[:200]
+    record["killed"] = killed
+    out.write_text(json.dumps(record))
+
+
+def _fork(fn: Any, args: tuple[Any, ...], timeout: float, log: Path) -> int:
+    pid = os.fork()
+    if pid:
+        return pid
+    try:  # the child: quiet, bounded, gone with its parent, never returns
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        signal.alarm(int(timeout))
+        fn(*args)
+    finally:
+        os._exit(0)
+
+
+def _jobs_loop(
+    tasks: Iterator[tuple[Any, ...]], jobs: int, timeout: float, tmp: Path
+) -> Iterator[tuple[Any, dict[str, Any]]]:
+    """Runs ``(tag, fn, args_without_out)`` tasks ``jobs`` at a time; yields (tag, result)."""
+    running: dict[int, tuple[Any, Path, float]] = {}
+    n = 0
+    for_more = True
+    while for_more or running:
+        while for_more and len(running) < jobs:
+            task = next(tasks, None)
+            if task is None:
+                for_more = False
+                break
+            tag, fn, args = task
+            n += 1
+            out = tmp / f"r{n}.json"
+            out.unlink(missing_ok=True)
+            pid = _fork(fn, (*args, out), timeout, tmp / f"r{n}.log")
+            running[pid] = (tag, out, time.perf_counter())
+        if not running:
+            break
+        pid, status = os.wait()
+        tag, out, start = running.pop(pid)
+        if out.exists() and out.stat().st_size:
+            res = json.loads(out.read_text())
+        elif os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGALRM:
+            res = {"killed": True, "first": f"timeout ({timeout:.0f} s)"}
+        else:
+            res = {"killed": True, "first": f"child died (status {status})"}
+        res["seconds"] = round(time.perf_counter() - start, 2)
+        yield tag, res
+
+
+def _select(m: Mutant, base: dict[str, Any], layer: str) -> list[str] | None:
+    """The units of ``layer`` that execute one of ``m``'s lines, fastest first;
+    None: all of them (a node run at import: every unit runs it)."""
+    if not m.in_body:
+        if layer != "tests":
+            return None
+        want = None
+    else:
+        want = {f"{m.module}:{n}" for n in range(m.line, m.end_line + 1)}
+    cov, took = base[layer]["cov"], base[layer]["took"]
+    units = [u for u, lines in cov.items() if u != "<import>" and (want is None or want & lines)]
+    return sorted(units, key=lambda u: took.get(u, 0.0)) if layer == "tests" else units
+
+
+def _fingerprint() -> str:
+    """What the baseline depends on: the sources of the package, proofs and tests."""
+    h = hashlib.sha1()
+    for d in ("leaseproto", "proofs", "tests"):
+        for p in sorted((ROOT / d).rglob("*.py")):
+            h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def _share(key: str) -> float:
+    return int(hashlib.sha1(("rate:" + key).encode()).hexdigest()[:8], 16) / 2**32
+
+
+def run(args: argparse.Namespace) -> int:
+    import hypothesis  # noqa: F401  (imported once, before the forks)
+    import pytest  # noqa: F401
+    import z3  # noqa: F401
+
+    os.environ["PYTHONHASHSEED"] = "0"
+    os.environ["HYPOTHESIS_PROFILE"] = "ci"
+    tmp = Path(args.tmp)
+    tmp.mkdir(parents=True, exist_ok=True)
+    out = Path(args.out)
+    done = set()
+    if args.resume and out.exists():
+        done = {json.loads(line)["key"] for line in out.read_text().splitlines() if line}
+    t0 = time.perf_counter()
+    base: dict[str, Any] = {}
+    cache = Path(args.tmp) / f"baseline-{_fingerprint()}.json"
+    if cache.exists():
+        base = json.loads(cache.read_text())
+    base_tasks = iter([(la, _baseline_child, (la,)) for la in LAYERS if la not in base])
+    for layer, res in _jobs_loop(base_tasks, args.jobs, 3600, tmp):
+        if res.get("failed") or "cov" not in res:
+            print(f"baseline: layer {layer} fails on the unmutated code: {res}", file=sys.stderr)
+            return 2
+        base[layer] = {"cov": res["cov"], "took": res.get("took", {})}
+        print(f"baseline {layer}: {len(res['cov'])} units, {res['seconds']} s", flush=True)
+    cache.write_text(json.dumps(base))
+    for layer in LAYERS:
+        base[layer]["cov"] = {u: set(v) for u, v in base[layer]["cov"].items()}
+    ms = [m for m in mutants(args.sample) if m.key not in done]
+    if args.rate < 1.0:  # a stable share of every module, modules interleaved
+        ms = [m for m in ms if _share(m.key) < args.rate]
+    ms.sort(key=lambda m: _share(m.key + "/order"))
+    if args.module:
+        ms = [m for m in ms if m.module in args.module]
+    if args.only:
+        keys = set(Path(args.only).read_text().split("\n"))
+        ms = [m for m in ms if m.key in keys]
+    ms = ms[: args.limit] if args.limit else ms
+    print(f"{len(ms)} mutants to run", flush=True)
+    results: dict[str, dict[str, Any]] = {m.key: {} for m in ms}
+    by_key = {m.key: m for m in ms}
+
+    def tasks() -> Iterator[tuple[Any, ...]]:
+        for m in ms:
+            for layer in LAYERS:
+                units = _select(m, base, layer)
+                if units == []:
+                    results[m.key][layer] = {"killed": False, "reached": False}
+                    continue
+                yield (m.key, layer), _child, (m, layer, units)
+
+    with out.open("a") as fh:
+        for (key, layer), res in _jobs_loop(tasks(), args.jobs, args.timeout, tmp):
+            results[key][layer] = {**res, "reached": True}
+            if len(results[key]) == len(LAYERS):
+                m = by_key[key]
+                row = {"key": key, "where": m.where(), "what": m.what, **results.pop(key)}
+                fh.write(json.dumps(row) + "\n")
+                fh.flush()
+                tag = ",".join(k for k in LAYERS if row[k]["killed"]) or "SURVIVED"
+                print(f"{m.where()} {m.what}: {tag}", flush=True)
+        for key, res in results.items():  # not reached by any layer: never yielded
+            if len(res) == len(LAYERS):
+                m = by_key[key]
+                fh.write(json.dumps({"key": key, "where": m.where(), "what": m.what, **res}) + "\n")
+    print(f"run time {time.perf_counter() - t0:.0f} s", flush=True)
+    report(out)
+    return 0
+
+
+def report(path: Path) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from mutation_notes import EQUIVALENT
+
+    rows = {}
+    for line in path.read_text().splitlines():
+        if line:
+            row = json.loads(line)
+            rows[row["key"]] = row  # a rerun replaces the earlier row
+    live = set(mutants(1.0))
+    current = {m.key for m in live}
+    rows = {k: r for k, r in rows.items() if k in current}
+    killed = {k for k, r in rows.items() if any(r[la]["killed"] for la in LAYERS)}
+    equiv = {k for k in rows if k not in killed and k in EQUIVALENT}
+    non_eq = len(rows) - len(equiv)
+    formal = {k for k in killed if rows[k]["checker"]["killed"] or rows[k]["proofs"]["killed"]}
+    tests = {k for k in killed if rows[k]["tests"]["killed"]}
+    only_formal = formal - tests
+    pct = lambda a, b: f"{100 * a / max(b, 1):.1f}%"  # noqa: E731
+    print(f"{len(rows)} mutants; {len(equiv)} equivalent; {non_eq} non-equivalent")
+    share = pct(len(killed), non_eq)
+    print(f"killed by tests + checker + proofs: {len(killed)} of {non_eq} ({share})")
+    print(f"  unit tests alone: {len(tests)} ({pct(len(tests), non_eq)})")
+    print(f"  checker + proofs alone: {len(formal)} ({pct(len(formal), non_eq)})")
+    for la in ("checker", "proofs"):
+        n = sum(rows[k][la]["killed"] for k in rows)
+        print(f"    {la}: {n} ({pct(n, non_eq)})")
+    print(f"  killed by checker or proofs and by no unit test: {len(only_formal)}")
+    per_mod: dict[str, list[int]] = {}
+    for k in rows:
+        c = per_mod.setdefault(k.split(":")[0], [0, 0, 0])
+        c[0] += 1
+        c[1] += k in killed
+        c[2] += k in equiv
+    for mod, (n, k, e) in sorted(per_mod.items()):
+        print(f"    {mod}: {n} run, {k} killed, {e} equivalent")
+    print("survivors (equivalent ones with their reason):")
+    for k in sorted(set(rows) - killed):
+        reached = "/".join(la for la in LAYERS if rows[k][la].get("reached")) or "none"
+        note = EQUIVALENT.get(k)
+        tag = f"EQUIVALENT: {note}" if note else "NOT KILLED"
+        print(f"  {rows[k]['where']} {rows[k]['what']} [reached by {reached}] {tag}\n    {k}")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
-    ap.add_argument(
-        "--sample", type=float, default=0.5, help="share of table/wire/config mutants run"
-    )
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--timeout", type=float, default=120.0, help="seconds per layer and mutant")
+    ap.add_argument("--sample", type=float, default=0.5, help="share of the sampled modules run")
+    ap.add_argument("--timeout", type=float, default=180.0, help="seconds per layer and mutant")
+    ap.add_argument("--rate", type=float, default=1.0, help="run this stable share of all mutants")
     ap.add_argument("--limit", type=int, default=None, help="run only the first N mutants")
     ap.add_argument("--module", action="append", help="only these core modules")
+    ap.add_argument("--only", help="a file of mutant keys, one a line: run only those")
+    ap.add_argument("--out", default="mutation.jsonl", help="results, one JSON line a mutant")
+    ap.add_argument("--resume", action="store_true", help="skip mutants already in --out")
+    ap.add_argument("--tmp", default="/tmp/leaseproto-mutation")
+    ap.add_argument("--report", metavar="JSONL", help="only print the figures of a run")
     args = ap.parse_args(argv)
-    ms = mutants(args.sample, args.seed)
-    if args.module:
-        ms = [m for m in ms if m.module in args.module]
-    ms = ms[: args.limit] if args.limit else ms
-    results: list[tuple[Mutant, dict[str, bool]]] = []
-    with cf.ProcessPoolExecutor(args.jobs) as pool:
-        for m, killed in pool.map(run_one, ms, [args.timeout] * len(ms)):
-            results.append((m, killed))
-            tag = ",".join(k for k, v in killed.items() if v) or "SURVIVED"
-            print(f"{m.module}:{m.line} {m.what}: {tag}", flush=True)
-    n = len(results)
-    any_kill = sum(any(k.values()) for _, k in results)
-    formal = sum(k.get("checker", False) or k.get("proofs", False) for _, k in results)
-    tests = sum(k["tests"] for _, k in results)
-    print(
-        f"\n{n} mutants: {any_kill} killed ({100 * any_kill / max(n, 1):.1f}%); "
-        f"unit tests alone {tests}; checker + proofs alone {formal}"
-    )
-    print("survivors:")
-    for m, k in results:
-        if not any(k.values()):
-            print(f"  {m.module}:{m.line} {m.what}")
-    return 0
+    if args.report:
+        report(Path(args.report))
+        return 0
+    return run(args)
 
 
 if __name__ == "__main__":
