@@ -207,6 +207,23 @@ def test_presets_and_scale() -> None:
     ]
 
 
+def test_internet_preset_is_a_busy_day_of_a_large_fleet() -> None:
+    sc = preset("internet")
+    assert sc.p_engines >= 100 and sc.d_engines >= 200 and sc.duration == 24 * 3600.0
+    # expected arrivals: the steady rate all day plus the surges
+    assert sc.rate * sc.duration + sum(s.rate * s.length for s in sc.surges) >= 1.0e6
+    # D's capacity (requests/s the fleet's running slots decode) lies between the
+    # steady rate and the peaks' rates: queues form in the peaks, not all day
+    decode_mean = sum(sc.output_tokens) / 2 * sc.decode_per_token
+    capacity = sc.d_engines * sc.d_slots / decode_mean
+    assert sc.rate < 0.7 * capacity
+    assert all(sc.rate + s.rate > 0.95 * capacity for s in sc.surges)
+    # crashes while D's queues are full: at least two in each peak
+    for s in sc.surges:
+        assert sum(s.start < c.at < s.start + s.length for c in sc.crashes) >= 2
+    assert len({c.engine for c in sc.crashes}) == len(sc.crashes)
+
+
 def test_cli_writes_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "o"
     rc = main(["sim", "--preset", "crash", "--duration", "120", "--no-progress", "--out", str(out)])

@@ -141,20 +141,23 @@ class DecodeSide:
         due = tr.due(now=t, pending=pending)
         if due:
             max_bytes = self.policy.config.max_notification_bytes
-            in_window = t <= self.sc.duration
-            fig = self.fig
             p_by_name = self.p_by_name
+            send = self._send
+            encode = wire.encode_heartbeat
+            ids_sent = msgs = size = 0
             for engine, ids in due.items():
                 p = p_by_name[engine]
-                fig.hb_ids += len(ids)
-                for msg in wire.encode_heartbeat(ids, max_bytes=max_bytes):
-                    size = len(msg)
-                    self._hb_msgs += 1
-                    self._hb_bytes += size
-                    if in_window:
-                        self._hb_msgs_window += 1
-                        self._hb_bytes_window += size
-                    self._send(p, t, msg)
+                ids_sent += len(ids)
+                for msg in encode(ids, max_bytes=max_bytes):
+                    msgs += 1
+                    size += len(msg)
+                    send(p, t, msg)
+            self.fig.hb_ids += ids_sent
+            self._hb_msgs += msgs
+            self._hb_bytes += size
+            if t <= self.sc.duration:
+                self._hb_msgs_window += msgs
+                self._hb_bytes_window += size
         nxt = tr.next_due()
         if nxt is not None:  # due but pending: try again next step
             self._want_hb(d, d.step_at(nxt if nxt > t else t + 1e-9, self.sc.d_step))

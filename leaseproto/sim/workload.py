@@ -177,22 +177,33 @@ _SCALE = Scenario(
     crashes=(Crash(at=1100.0, engine=0, down_for=120.0), Crash(at=2700.0, engine=3, down_for=60.0)),
 )
 
+_H = 3600.0
 _INTERNET = Scenario(
-    # A day of traffic for a large fleet: 1.0 M requests (11/s, two evening-peak
-    # hours at 19/s) over 100 P and 200 D engines, three D crashes.
+    # A day of traffic for a large fleet: 1.0 M requests over 100 P and 200 D engines.
+    # 11 requests/s all day against a decode capacity of about 18/s (4 running slots per
+    # D, 200-2,000 output tokens at 25 tokens/s: 44 s each on average); a morning peak
+    # at 18/s and an evening one at 19/s fill D's waiting queues (minutes of wait at
+    # their ends). Seven D crashes: one at night, two in each peak while the queues are
+    # full, one as the evening queues drain, one after.
     name="internet",
-    duration=86_400.0,
+    duration=24 * _H,
     rate=11.0,
     p_engines=100,
     d_engines=200,
+    d_slots=4,
+    output_tokens=(200, 2000),
     surges=(
-        Surge(start=8 * 3600.0, length=3600.0, rate=8.0),
-        Surge(start=20 * 3600.0, length=3600.0, rate=8.0),
+        Surge(start=10 * _H, length=_H, rate=7.0),
+        Surge(start=19 * _H, length=_H, rate=8.0),
     ),
     crashes=(
-        Crash(at=3 * 3600.0, engine=0, down_for=300.0),
-        Crash(at=9 * 3600.0 + 600.0, engine=17, down_for=120.0),
-        Crash(at=20 * 3600.0 + 1800.0, engine=101, down_for=600.0),
+        Crash(at=3 * _H, engine=0, down_for=300.0),
+        Crash(at=10.75 * _H, engine=17, down_for=120.0),
+        Crash(at=10.9 * _H, engine=42, down_for=300.0),
+        Crash(at=19.7 * _H, engine=101, down_for=600.0),
+        Crash(at=19.9 * _H, engine=150, down_for=120.0),
+        Crash(at=20.2 * _H, engine=199, down_for=300.0),
+        Crash(at=22 * _H, engine=77, down_for=300.0),
     ),
 )
 
