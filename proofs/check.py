@@ -26,7 +26,10 @@ from typing import Any
 
 import z3
 
-from . import bmc, model, timing
+from leaseproto.core import rules as R
+from leaseproto.core.state import Input, LeaseState
+
+from . import bmc, model, table_invariants, table_model, timing
 from . import counterexamples as cx
 from . import invariants as inv_mod
 from .kit import System, fmt, model_value
@@ -233,11 +236,42 @@ def theorem_obligations(theorems: Sequence[model.Theorem]) -> list[Obligation]:
     return obs
 
 
+def concrete_rule_obligations() -> list[Obligation]:
+    """The runtime's branch of ``next_state`` (a table lookup on ``int``) and the
+    symbolic one the models use agree on every (state, input, guard): what is proven
+    over the ``ite`` chain is what the runtime executes. A pair the lookup rejects
+    must be ``NO_ROW`` symbolically."""
+    obs = []
+    x, b = z3.Int("st"), z3.Bool("guard")
+    for inp in Input:
+        cases = []
+        for st in LeaseState:
+            for guard in (True, False):
+                try:
+                    want = R.next_state(int(st), inp, guard)
+                except KeyError:
+                    want = R.NO_ROW
+                cases.append(z3.And(x == int(st), b == guard, R.next_state(x, inp, b) != int(want)))
+        obs.append(
+            Obligation(
+                "lease",
+                f"L0 next_state(st, {inp.value}) symbolic = concrete lookup",
+                ("L0",),
+                "unsat",
+                [z3.Or(*cases)],
+                lambda m: ["values: " + render(m, [("st", x), ("guard", b)])],
+                why=f"the runtime's lookup and the proofs' ite chain differ on {inp.value}",
+            )
+        )
+    return obs
+
+
 def all_obligations(system: str | None = None) -> list[Obligation]:
     """Every obligation (of ``system`` only, if given), with the models built now
     from the current rules."""
     obs: list[Obligation] = []
     if system is None or not system.startswith("timing"):
+        obs += concrete_rule_obligations()
         for sys_ in (
             model.lease_system(cap=False),
             model.lease_system(cap=True),
@@ -246,6 +280,8 @@ def all_obligations(system: str | None = None) -> list[Obligation]:
             obs += system_obligations(
                 sys_, [i for i in inv_mod.INVARIANTS if i.system == sys_.name]
             )
+        if system in (None, "table"):
+            obs += system_obligations(table_model.table_system(), table_invariants.INVARIANTS)
         obs += theorem_obligations(model.gate_theorems())
         obs += theorem_obligations(timing.theorems())
     if system is None or system.startswith("timing"):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 TIMEOUT_MS = 20_000
-SYSTEMS = "lease, lease-cap, engine, gate, timing, timing-cap, timing-bounded, timing-reads"
+SYSTEMS = "lease, lease-cap, engine, table, gate, timing, timing-cap, timing-bounded, timing-reads"
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:

@@ -165,6 +165,7 @@ def _in_flight(s: Any, p: Any) -> Any:
             ),
         ),
         z3.Implies(s.hasO, z3.And(s.tracked, s.hasD, s.ttrack <= s.tso, s.tso <= s.tsD)),
+        z3.Implies(s.arr, z3.And(s.out, s.tout <= s.tarr, s.tarr <= s.tau)),
         z3.Implies(
             s.renewed,
             z3.And(

@@ -21,8 +21,13 @@ Transitions (each instantaneous at ``tau``):
 ``d_step``      D's ``due``: sends when tracked, connected and never sent or
                 ``heartbeat_due`` on ``cD``.
 ``p_step``      P's reaper at ``cP`` (``expire_state``).
-``p_recv``      P applies the oldest unprocessed heartbeat (``renew_deadline``
-                at ``cP``); obliged within ``dl + SP`` of its send.
+``arrive``      the oldest unprocessed heartbeat reaches P's inbox, within ``dl``
+                of its send (``arr``, at real ``tarr``).
+``p_recv``      P's step handles the heartbeat that arrived (``renew_deadline``
+                at ``cP``), before its ``expire``: a step never runs with an
+                arrived heartbeat left unhandled (``p_step`` and a busy
+                ``advance`` need ``not arr``); so it is handled within ``dl + SP``
+                of its send.
 ``p_stray``     P applies any other heartbeat naming the request: duplicates,
                 old or reordered ones, or one from a decode instance that no
                 longer needs it (with ``strays="bounded"`` only a delivery, within
@@ -94,6 +99,8 @@ FIELDS = {
     "tso": Real,
     "out": Bool,
     "tout": Real,
+    "arr": Bool,
+    "tarr": Real,
     "renewed": Bool,
     "cr": Real,
     "tr": Real,
@@ -194,6 +201,7 @@ def build(opts: Options = Options()) -> System:
             z3.Not(s.hasD),
             z3.Not(s.hasO),
             z3.Not(s.out),
+            z3.Not(s.arr),
             z3.Not(s.renewed),
             z3.Not(s.hash),
             s.lastP == s.tau,
@@ -287,7 +295,7 @@ def build(opts: Options = Options()) -> System:
 
     def p_recv(s: Any, a: Any, p: Any) -> dict[str, Any]:
         _, u = renew(s, p)
-        u.update(out=False, renewed=True, cr=s.cP, tr=s.tau)
+        u.update(out=False, arr=False, renewed=True, cr=s.cP, tr=s.tau)
         return u
 
     def stray_guard(s: Any, a: Any, p: Any) -> Any:
@@ -304,6 +312,8 @@ def build(opts: Options = Options()) -> System:
             drift(s.cP, a.cP2, a.dt, rho),
             drift(s.cD, a.cD2, a.dt, rho),
             drift(s.cW, a.cW2, a.dt, rho),
+            z3.Implies(s.arr, z3.Not(a.p_busy)),  # a stepping P handles what arrived
+            z3.Implies(z3.And(s.out, z3.Not(s.arr)), t2_ <= s.tout + act(p, "dl")),
             z3.If(
                 a.p_busy,
                 z3.Not(
@@ -333,9 +343,6 @@ def build(opts: Options = Options()) -> System:
             "lastDs": z3.If(a.d_busy, t2_, s.lastDs),
         }
 
-    def true(s: Any, a: Any, p: Any) -> Any:
-        return z3.BoolVal(True)
-
     transitions = [
         Transition(
             "grant",
@@ -358,6 +365,7 @@ def build(opts: Options = Options()) -> System:
                 "lastD": a.lastD0,
                 "tsD": a.tsD0,
                 "out": False,
+                "arr": False,
                 "hasO": False,
             },
             witness=lambda s, s2, a, p: a.hasD0,
@@ -382,15 +390,23 @@ def build(opts: Options = Options()) -> System:
             "p_step",
             "P steps (expire)",
             {},
-            true,
+            lambda s, a, p: z3.Not(s.arr),
             p_step,
             witness=lambda s, s2, a, p: z3.And(s.st == GRANTED, s2.st == EXPIRED),
         ),
         Transition(
-            "p_recv",
-            "P applies D's oldest unprocessed heartbeat",
+            "arrive",
+            "D's oldest unprocessed heartbeat arrives at P",
             {},
-            lambda s, a, p: s.out,
+            lambda s, a, p: z3.And(s.out, z3.Not(s.arr), s.tau <= s.tout + act(p, "dl")),
+            lambda s, a, p: {"arr": True, "tarr": s.tau},
+            witness=lambda s, s2, a, p: s.tau > s.tout,
+        ),
+        Transition(
+            "p_recv",
+            "P's step handles the heartbeat that arrived",
+            {},
+            lambda s, a, p: s.arr,
             p_recv,
             witness=lambda s, s2, a, p: s2.deadline > s.deadline,
         ),

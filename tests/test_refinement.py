@@ -14,6 +14,7 @@ model's rational arithmetic.
 
 from __future__ import annotations
 
+import random
 from fractions import Fraction
 from typing import Any
 
@@ -238,6 +239,39 @@ dop = st.one_of(
 
 @given(ops=st.lists(dop, max_size=40))
 def test_heartbeat_tracker_refines_the_engine_model(ops: list[tuple[Any, ...]]) -> None:
+    refine_tracker(ops)
+
+
+def tracker_ops(n: int, seed: int = 11) -> list[list[tuple[Any, ...]]]:
+    """Fixed random runs of tracker calls (the same every time), for the seeded bugs
+    (tests/test_refinement_table.py)."""
+    rnd = random.Random(seed)
+    runs = []
+    for _ in range(n):
+        ops: list[tuple[Any, ...]] = []
+        for _ in range(40):
+            ops.append(
+                rnd.choice(
+                    [
+                        ("track", rnd.choice(ENGINES), rnd.randint(0, 5)),
+                        ("untrack", rnd.randint(0, 5)),
+                        ("drop", rnd.choice(ENGINES)),
+                        (
+                            "due",
+                            rnd.randint(0, 12) / 4,
+                            set(rnd.sample(ENGINES, rnd.randint(0, 2))),
+                        ),
+                        ("due", rnd.randint(0, 12) / 4, set()),
+                    ]
+                )
+            )
+        runs.append(ops)
+    return runs
+
+
+def refine_tracker(ops: list[tuple[Any, ...]]) -> None:
+    """Run tracker calls ``ops`` on a HeartbeatTracker with two engines, checking
+    each against the engine model."""
     cfg = LeaseConfig(kv_lease_duration=8, heartbeat_interval=1, lease_extension=4)
     sys_ = model.engine_system()
     params = {"H": cfg.heartbeat_interval, "S": S_BOUND}
