@@ -338,10 +338,12 @@ def select(obs: list[Obligation], only: str | None, system: str | None = None) -
 
 def run(
     only: str | None = None,
+    *,
     timeout_ms: int = TIMEOUT_MS,
     out: Any = None,
     counterexamples: bool = False,
     system: str | None = None,
+    scenarios: str | None = None,
 ) -> int:
     """Check everything (or what ``only`` names); print a line per obligation.
     Returns the exit status: 0 when every obligation is ok."""
@@ -373,7 +375,7 @@ def run(
     else:
         print(f"all ok: {len(obs)} obligations ({total:.1f} s)", file=out)
     if counterexamples:
-        status |= cx.run(out=out, timeout_ms=timeout_ms)
+        status |= cx.run(out=out, timeout_ms=timeout_ms, scenarios=scenarios)
     return status
 
 
@@ -388,4 +390,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         timeout_ms=args.timeout_ms,
         counterexamples=args.counterexamples,
         system=args.system,
+        scenarios=args.scenarios,
     )

@@ -18,12 +18,14 @@ picks every other value, so the printed numbers are one schedule among many.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
 import z3
 
 from leaseproto.core import rules as R
 
+from . import cx_replay
 from .bmc import Run, search
 from .cx_cases import Case, case_start, case_system, num, timing_cases
 from .cx_reaper import narrate_reaper, reaper_case
@@ -123,8 +125,19 @@ def show(case: Case, run: Run, out: Any) -> None:
             )
 
 
-def run(out: Any = None, timeout_ms: int = 20_000, names: list[str] | None = None) -> int:
-    """Search every case and print each schedule. Returns 1 if any search failed."""
+def _slug(name: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")
+
+
+def run(
+    out: Any = None,
+    timeout_ms: int = 20_000,
+    names: list[str] | None = None,
+    scenarios: str | Path | None = None,
+) -> int:
+    """Search every case, print each schedule and replay it on the real code
+    (:mod:`.cx_replay`; ``scenarios``: also write each as a scenario file there).
+    Returns 1 if a search failed or a replay does not do what the schedule says."""
     out = out or sys.stdout
     status = 0
     print(
@@ -148,6 +161,17 @@ def run(out: Any = None, timeout_ms: int = 20_000, names: list[str] | None = Non
         if r.answer == "sat":
             print(f"ok   {kind} [{case.name}]: {case.claim}  ({r.seconds * 1000:.0f} ms)", file=out)
             show(case, r, out)
+            rep = cx_replay.replay(case, r)
+            ok, text = cx_replay.verdict(case, rep)
+            print(
+                f"    {'ok  ' if ok else 'FAIL'} on the real code (leaseproto replay): {text}",
+                file=out,
+            )
+            if not ok:
+                status = 1
+            if scenarios is not None:
+                path = Path(scenarios) / f"{_slug(case.name)}.jsonl"
+                path.write_text(rep.scenario)
         else:
             status = 1
             why = (

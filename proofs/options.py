@@ -26,6 +26,13 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
         "and each naive variant is broken",
     )
     ap.add_argument(
+        "--scenarios",
+        metavar="DIR",
+        default=None,
+        help="with --counterexamples: write each schedule as a leaseproto replay scenario "
+        "into DIR (each is also replayed on the real code and checked)",
+    )
+    ap.add_argument(
         "--timeout-ms",
         type=int,
         default=TIMEOUT_MS,

@@ -40,5 +40,6 @@ def run(args: argparse.Namespace) -> int:
         timeout_ms=args.timeout_ms,
         counterexamples=args.counterexamples,
         system=args.system,
+        scenarios=args.scenarios,
     )
     return status
