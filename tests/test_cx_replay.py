@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import z3
 from leaseproto.proofs import bmc, counterexamples, cx_cases, cx_replay
 from leaseproto.proofs.timing_model import Options
 
@@ -54,14 +55,19 @@ def test_every_printed_schedule_replays_on_the_real_code(
 
 def test_a_model_without_arrival_events_prints_a_schedule_the_code_does_not_have() -> None:
     """The model before arrival events let P step on with a heartbeat that had
-    arrived; its 'overlong P step' schedule renews the lease on the real code."""
-    beat = ["advance", "advance", "d_step"]
+    arrived; its 'overlong P step' schedule (P stepping throughout, a heartbeat
+    left unhandled past its delay bound) renews the lease on the real code."""
+
+    def busy(s: Any, a: Any, p: Any) -> Any:  # P steps throughout: no overlong step
+        return z3.And(cx_cases.steady(s, a, p), a.p_busy)
+
+    beat: list[Any] = [("advance", busy), ("advance", busy), "d_step"]
     case = cx_cases.Case(
         "SP exceeded (no arrival events)",
         "the old model's schedule",
         Options(actual=frozenset({"SP"}), arrivals=False),
         cx_cases._pins(),
-        cx_cases.with_arrivals(["grant", "track", "d_step", *beat * 6, "advance", "p_step"]),
+        ["grant", "track", "d_step", *beat * 6, ("advance", cx_cases.steady), "p_step"],
         cx_cases._premature,
         lambda p: p.SP_act > p.SP,
     )

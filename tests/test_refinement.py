@@ -10,6 +10,11 @@ expose (a ttl, the count of an ended lease) are taken from the model's own
 update, so only what is observable is checked. Times and durations are
 multiples of 1/4, so float arithmetic in the runtime is exact and equals the
 model's rational arithmetic.
+
+The per-lease models have no staging, so the LeaseTable run here has it off;
+tests/test_refinement_table.py checks the whole table (heap, tombstones and
+staging on at small capacities, two P engines) against the table system, and
+that the seeded bugs fail it.
 """
 
 from __future__ import annotations
