@@ -261,7 +261,24 @@ def timing_cases() -> list[Case]:
     ]
     for case in out:
         case.skeleton = with_arrivals(case.skeleton)
+        rates = FAST_P_SLOW_D if case.name == "rho exceeded" else {}
+        case.extra = pin_rates(case.extra, rates)
     return out
+
+
+#: the rates of the drift schedule: P's clock 1% fast, D's 1% slow
+FAST_P_SLOW_D = {"cP": z3.RealVal("101/100"), "cD": z3.RealVal("99/100")}
+
+
+def pin_rates(extra: Callable[[Any], Any] | None, rates: dict[str, Any]) -> Callable[[Any], Any]:
+    """``extra`` with every clock rate pinned (1 unless ``rates`` says otherwise):
+    ``rate * dt`` stays linear, so z3 answers fast."""
+
+    def pinned(p: Any) -> Any:
+        fixed = [r == rates.get(c, 1) for c, r in RATES.items()]
+        return z3.And(*fixed, *([extra(p)] if extra is not None else []))
+
+    return pinned
 
 
 def case_system(case: Case) -> System:

@@ -69,7 +69,7 @@ def test_a_model_without_arrival_events_prints_a_schedule_the_code_does_not_have
         cx_cases._pins(),
         ["grant", "track", "d_step", *beat * 6, ("advance", cx_cases.steady), "p_step"],
         cx_cases._premature,
-        lambda p: p.SP_act > p.SP,
+        cx_cases.pin_rates(lambda p: p.SP_act > p.SP, {}),
     )
     run = bmc.search(
         cx_cases.case_system(case),
