@@ -219,7 +219,7 @@ FLOORS = {
     "testing": 1,
     "sim": 1,
     "workers": 1,
-    "proofs": 1,
+    "proofs": 2,  # its counterexamples replay through scenarios (floor 1)
     "integrations": 1,
     "cli": 2,
 }
