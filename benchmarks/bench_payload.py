@@ -4,7 +4,9 @@ messages ``max_bytes`` splitting produces.
 Ids have the shape of vLLM's P-side ids (``chatcmpl-<uuid>-<8 hex>``, 50-54
 bytes). For each number of ids one D heartbeat carries to one P engine, and
 each ``max_bytes``, ``wire.encode_heartbeat`` gives the message count, the
-bytes on the wire and the encode time per id. Baseline, in the same process:
+bytes on the wire and the encode time per id, of ``encode_heartbeat`` (every id
+checked) and of D's path, ``HeartbeatTracker.payloads`` (ids checked once, at
+``track``; the same bytes). Baseline, in the same process:
 upstream's single unsplit ``b"HB:" + b",".join(ids)`` (no validation, no
 splitting; B5: a transport may drop it when it is large).
 
@@ -20,9 +22,11 @@ from collections.abc import Sequence
 
 from _common import interleaved, load, machine, table
 
-from leaseproto import LeaseConfig, wire
+from leaseproto import HeartbeatTracker, LeaseConfig, wire
 
 CFG = LeaseConfig()
+#: D's encoder (``HeartbeatTracker.payloads``): the ids were checked at ``track``
+TRACKER = HeartbeatTracker(CFG)
 
 
 def upstream_encode(ids: Sequence[str]) -> bytes:
@@ -52,9 +56,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             if sorted(i for m in msgs for i in wire.decode(m).ids) != sorted(ids):  # type: ignore[union-attr]
                 sys.exit("round trip lost an id")
             size = sum(map(len, msgs))
-            (t, _), (t_up, _) = interleaved(
+            if TRACKER.payloads(ids, max_bytes=mb) != msgs:
+                sys.exit("the tracker's encoder differs from encode_heartbeat")
+            (t, _), (t_tr, _), (t_up, _) = interleaved(
                 [
                     lambda ids=ids, mb=mb: wire.encode_heartbeat(ids, max_bytes=mb),
+                    lambda ids=ids, mb=mb: TRACKER.payloads(ids, max_bytes=mb),
                     lambda ids=ids: upstream_encode(ids),
                 ],
                 number=20,
@@ -71,8 +78,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"{len(up):,}",
                     f"{(size / len(up) - 1) * 100:+.2f}%",
                     f"{t / n * 1e9:,.0f}",
+                    f"{t_tr / n * 1e9:,.0f}",
                     f"{t_up / n * 1e9:,.0f}",
-                    f"{t / t_up:.1f}x",
+                    f"{t_tr / t_up:.1f}x",
                 ]
             )
     print(
@@ -86,9 +94,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "B per id",
                 "upstream B (1 msg)",
                 "ours vs upstream B",
-                "encode ns/id",
+                "encode_heartbeat ns/id",
+                "tracker.payloads ns/id",
                 "upstream ns/id",
-                "ours / upstream",
+                "tracker / upstream",
             ],
             rows,
         )

@@ -18,6 +18,7 @@ from leaseproto.checker.scope import QUICK
 from leaseproto.core import rules, specialise
 from leaseproto.core.clock import ClockOffset
 from leaseproto.core.config import LeaseConfig
+from leaseproto.core.deadlines import DeadlineQueue
 from leaseproto.core.table import LeaseTable
 from leaseproto.core.tracker import HeartbeatTracker
 
@@ -51,19 +52,19 @@ ONE_TOMBSTONE = SCOPES["two"].config.__class__(
 
 #: name -> (class, method, old, new, scope, invariant the checker must name)
 SEEDED: dict[str, tuple[Any, str, str, str, Any, str]] = {
-    "renewed heap entry requeued 1 s late": (
-        LeaseTable,
-        "expire",
-        "replace(heap, (deadline, seq, lease))",
-        "replace(heap, (deadline + 1, seq, lease))",
+    "renewed queue entry requeued 1 s late": (
+        DeadlineQueue,
+        "requeue",
+        "self.push(lease)",
+        "lease.deadline += 1\n        self.push(lease)\n        lease.deadline -= 1",
         SCOPES["small"].with_(d_crash=True),
         "I4",
     ),
-    "renewed heap entry dropped, not requeued": (
-        LeaseTable,
-        "expire",
-        "replace(heap, (deadline, seq, lease))",
-        "pop(heap)",
+    "renewed queue entry dropped, not requeued": (
+        DeadlineQueue,
+        "take_due",
+        "self.requeue(lease)",
+        "pass",
         SCOPES["small"].with_(d_crash=True),
         "I4",
     ),
@@ -87,7 +88,7 @@ SEEDED: dict[str, tuple[Any, str, str, str, Any, str]] = {
     "lost-lease reports (NACKs) after TRANSFERRED": (
         specialise,  # the renew loop is generated from this template
         "_RENEW",
-        "if lost is not None and ended[0] != {transferred}:",
+        "if lost is not None and tomb[0] != {transferred}:",
         "if lost is not None:",
         SCOPES["small"],
         "I13",

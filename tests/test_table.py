@@ -191,7 +191,7 @@ def test_release_order_is_the_tombstone_eviction_order() -> None:
     assert t.ended("b") is None and t.ended("c") is None
 
 
-def test_a_live_lease_survives_heap_compaction() -> None:
+def test_a_live_lease_survives_queue_compaction() -> None:
     # a _compact that kept the wrong entries would drop the live lease's entry:
     # it would then never expire
     t = table()
@@ -199,7 +199,7 @@ def test_a_live_lease_survives_heap_compaction() -> None:
     for i in range(3000):
         t.grant(f"r{i}", now=0.0)
         t.transfer_done(f"r{i}", now=0.0)
-    assert len(t._heap) <= 1024 + 2  # compaction ran
+    assert len(t._queue) <= 1024 + 2  # compaction ran
     assert t.next_deadline() == 30.0
     assert [r.req_id for r in t.expire(now=30.0)] == ["live"]
     assert len(t) == 0
@@ -223,7 +223,7 @@ def test_popping_one_stale_entry_does_not_reset_the_stale_count(pop: str) -> Non
             assert t.expire(now=now + 0.2) == []
         else:
             assert t.next_deadline() == 1e6
-    assert len(t._heap) <= 2 * 1024 + 2
+    assert len(t._queue) <= 2 * 1024 + 2
 
 
 def test_next_deadline_follows_renewals() -> None:
@@ -236,12 +236,12 @@ def test_next_deadline_follows_renewals() -> None:
     assert t.next_deadline() == 45.0
 
 
-def test_many_ended_leases_do_not_grow_the_heap_without_bound() -> None:
+def test_many_ended_leases_do_not_grow_the_queue_without_bound() -> None:
     t = table()
     for i in range(5000):
         t.grant(f"r{i}", now=float(i))
         t.transfer_done(f"r{i}", now=float(i))
-    assert len(t._heap) <= 1024 + 1  # compacted
+    assert len(t._queue) <= 1024 + 1  # compacted
     assert t.expire(now=10_000.0) == []
 
 

@@ -3,7 +3,7 @@
 ``copy.deepcopy`` works but spends most of the checker's time walking small
 dicts. These copy exactly the containers the objects mutate and share what
 they never mutate again (the configuration, frozen messages, ended leases that
-only stale heap entries still point at).
+only stale queue entries still point at).
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ def clone_table(t: LeaseTable) -> LeaseTable:
     for name, value in vars(t).items():
         if name == "_leases":
             new._leases = fresh
-        elif name == "_heap":
-            new._heap = [(*e[:-1], by_obj.get(id(e[-1]), e[-1])) for e in value]
+        elif name == "_queue":  # the deadline queue holds the leases: its copy, the copies
+            new._queue = value.copy(lambda lease: by_obj.get(id(lease), lease))
         elif isinstance(value, itertools.count):
             n = next(value)
             setattr(t, name, itertools.count(n))

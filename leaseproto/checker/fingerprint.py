@@ -54,8 +54,8 @@ def table_fp(t: LeaseTable, now: float, h: float) -> tuple[Any, ...]:
         for rid, lease in leases.items()
     )
     heap = tuple(
-        (_rel(e[0], now, h), e[-1].req_id, leases.get(e[-1].req_id) is e[-1])
-        for e in sorted(t._heap, key=lambda e: e[:2])
+        (_rel(d, now, h), lease.req_id, leases.get(lease.req_id) is lease)
+        for d, lease in t._queue.entries()
     )
     ended = tuple((rid, st, _rel(at, now, h)) for rid, (st, at) in t._ended.items())
     staged = tuple((rid, _rel(e[0], now, h), *e[1:]) for rid, e in t._staged.items())

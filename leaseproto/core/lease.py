@@ -51,6 +51,7 @@ class Lease:
         "last_renewal",
         "readers",
         "req_id",
+        "seq",
         "state",
     )
 
@@ -67,3 +68,5 @@ class Lease:
         self.readers = consumers
         self.done = 0
         self.last_renewal: float | None = None
+        #: grant order (set by the table): ties in expiry go by it
+        self.seq = 0

@@ -26,245 +26,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import rules as R
+from .tracing import Node, Printer, Untraceable, assume, simplify, trace
+from .tracing import lift as _lift
 
-__all__ = ["Node", "Untraceable", "expire_form", "renew_form", "trace"]
-
-
-class Untraceable(Exception):
-    """The rule did something a trace cannot follow (``bool()`` of a symbolic value)."""
-
-
-_BINOPS = {
-    "+": lambda a, b: a + b,
-    "-": lambda a, b: a - b,
-    "*": lambda a, b: a * b,
-    "/": lambda a, b: a / b,
-    "<": lambda a, b: a < b,
-    "<=": lambda a, b: a <= b,
-    ">": lambda a, b: a > b,
-    ">=": lambda a, b: a >= b,
-    "==": lambda a, b: a == b,
-    "!=": lambda a, b: a != b,
-}
-
-
-class Node:
-    """A traced value: ``op`` is ``"var"`` (``args = (name,)``), ``"const"``
-    (``args = (value,)``), a binary operator of :data:`_BINOPS`, or ``"if"``,
-    ``"and"``, ``"or"``, ``"not"``."""
-
-    __slots__ = ("args", "key", "op")
-    __hash__ = None  # type: ignore[assignment]  # == builds a node
-
-    def __init__(self, op: str, args: tuple[Any, ...]) -> None:
-        self.op = op
-        self.args = args
-        self.key: tuple[Any, ...] = (
-            (op, *args) if op in ("var", "const") else (op, *(a.key for a in args))
-        )
-
-    def __bool__(self) -> bool:
-        raise Untraceable("a rule branched on a traced value")
-
-    def _bin(self, op: str, other: object, *, flip: bool = False) -> Node:
-        a, b = self, _lift(other)
-        return Node(op, (b, a) if flip else (a, b))
-
-    def __add__(self, o: object) -> Node:
-        return self._bin("+", o)
-
-    def __radd__(self, o: object) -> Node:
-        return self._bin("+", o, flip=True)
-
-    def __sub__(self, o: object) -> Node:
-        return self._bin("-", o)
-
-    def __rsub__(self, o: object) -> Node:
-        return self._bin("-", o, flip=True)
-
-    def __mul__(self, o: object) -> Node:
-        return self._bin("*", o)
-
-    def __rmul__(self, o: object) -> Node:
-        return self._bin("*", o, flip=True)
-
-    def __truediv__(self, o: object) -> Node:
-        return self._bin("/", o)
-
-    def __rtruediv__(self, o: object) -> Node:
-        return self._bin("/", o, flip=True)
-
-    def __lt__(self, o: object) -> Node:
-        return self._bin("<", o)
-
-    def __le__(self, o: object) -> Node:
-        return self._bin("<=", o)
-
-    def __gt__(self, o: object) -> Node:
-        return self._bin(">", o)
-
-    def __ge__(self, o: object) -> Node:
-        return self._bin(">=", o)
-
-    def __eq__(self, o: object) -> Node:  # type: ignore[override]
-        return self._bin("==", o)
-
-    def __ne__(self, o: object) -> Node:  # type: ignore[override]
-        return self._bin("!=", o)
-
-
-def _lift(v: object) -> Node:
-    if isinstance(v, Node):
-        return v
-    if isinstance(v, (bool, int, float)):
-        return Node("const", (v,))
-    raise Untraceable(f"cannot trace a {type(v).__name__}")
-
-
-class _Ops:
-    """What :mod:`.sym` calls in place of z3's ``If``/``And``/``Or``/``Not``."""
-
-    @staticmethod
-    def If(c: object, a: object, b: object) -> Node:  # noqa: N802 - z3's names
-        return Node("if", (_lift(c), _lift(a), _lift(b)))
-
-    @staticmethod
-    def And(*cs: object) -> Node:  # noqa: N802
-        return Node("and", tuple(_lift(c) for c in cs))
-
-    @staticmethod
-    def Or(*cs: object) -> Node:  # noqa: N802
-        return Node("or", tuple(_lift(c) for c in cs))
-
-    @staticmethod
-    def Not(c: object) -> Node:  # noqa: N802
-        return Node("not", (_lift(c),))
-
-
-Node.__sym_ops__ = _Ops  # type: ignore[attr-defined]
-
-
-def trace(rule: Callable[..., Any], *args: object) -> Any:
-    """Call ``rule`` with ``args``, where each ``str`` names a variable (a
-    :class:`Node`) and anything else is passed as is. Raises
-    :class:`Untraceable`."""
-    try:
-        return rule(*(Node("var", (a,)) if isinstance(a, str) else a for a in args))
-    except Untraceable:
-        raise
-    except Exception as exc:  # anything else a rule does on a traced value
-        raise Untraceable(f"{type(exc).__name__}: {exc}") from exc
-
-
-# -- simplification ------------------------------------------------------------------------
-def simplify(n: Node, facts: dict[tuple[Any, ...], object]) -> Node:
-    """``n`` with every subterm in ``facts`` (by key) replaced by its value and
-    constants folded with Python's own operators (so the float results are the
-    ones the rule computes)."""
-    if n.key in facts:
-        return _lift(facts[n.key])
-    if n.op in ("var", "const"):
-        return n
-    args = tuple(simplify(a, facts) for a in n.args)
-    consts = [a.args[0] for a in args if a.op == "const"]
-    if n.op in _BINOPS:
-        if len(consts) == 2:
-            return _lift(_BINOPS[n.op](consts[0], consts[1]))
-        return Node(n.op, args)
-    if n.op == "if":
-        c, a, b = args
-        if c.op == "const":
-            return a if c.args[0] is True else b if c.args[0] is False else Node("if", args)
-        return Node("if", args)
-    if n.op == "not":
-        return _lift(not consts[0]) if consts and isinstance(consts[0], bool) else Node("not", args)
-    # and / or: conj/disj on bools (sym.conj returns ``a and b``, i.e. a bool here)
-    absorbing = n.op == "or"
-    keep = []
-    for a in args:
-        if a.op == "const" and isinstance(a.args[0], bool):
-            if a.args[0] is absorbing:
-                return _lift(absorbing)
-            continue
-        keep.append(a)
-    if not keep:
-        return _lift(not absorbing)
-    return keep[0] if len(keep) == 1 else Node(n.op, tuple(keep))
-
-
-def assume(cond: Node) -> dict[tuple[Any, ...], object]:
-    """Facts that hold when ``cond`` is true: the condition and each conjunct,
-    and ``x == k`` for a conjunct naming a variable equal to a constant (so
-    other comparisons of ``x`` with constants fold)."""
-    facts: dict[tuple[Any, ...], object] = {cond.key: True}
-    conjuncts = cond.args if cond.op == "and" else (cond,)
-    for c in conjuncts:
-        facts[c.key] = True
-        if c.op == "==":
-            a, b = c.args
-            if a.op == "var" and b.op == "const":
-                facts[a.key] = b.args[0]
-    return facts
-
-
-# -- printing ------------------------------------------------------------------------------
-_PREC = {"if": 0, "or": 1, "and": 2, "not": 3, "cmp": 4, "+": 5, "-": 5, "*": 6, "/": 6}
-
-
-def _prec(n: Node) -> int:
-    if n.op in ("<", "<=", ">", ">=", "==", "!="):
-        return _PREC["cmp"]
-    return _PREC.get(n.op, 9)
-
-
-class Printer:
-    """Python source for nodes; ``hoist`` names subterms computed before the loop."""
-
-    def __init__(self, invariant: frozenset[str]) -> None:
-        self.invariant = invariant
-        self.hoisted: list[tuple[str, str]] = []
-        self._names: dict[tuple[Any, ...], str] = {}
-
-    def _free(self, n: Node) -> set[str]:
-        if n.op == "var":
-            return {n.args[0]}
-        if n.op == "const":
-            return set()
-        out: set[str] = set()
-        for a in n.args:
-            out |= self._free(a)
-        return out
-
-    def expr(self, n: Node, *, top: bool = True) -> str:
-        if n.op == "var":
-            return str(n.args[0])
-        if n.op == "const":
-            return repr(n.args[0])
-        if n.key in self._names:
-            return self._names[n.key]
-        if not top and self._free(n) <= self.invariant:
-            src = self.expr(n, top=True)
-            name = f"_h{len(self.hoisted)}"
-            self.hoisted.append((name, src))
-            self._names[n.key] = name
-            return name
-        p = _prec(n)
-
-        def sub(a: Node, tight: bool = False) -> str:
-            s = self.expr(a, top=False)
-            q = _prec(a)
-            return f"({s})" if q < p or (tight and q == p) else s
-
-        if n.op == "if":
-            c, a, b = n.args
-            return f"{sub(a, True)} if {sub(c, True)} else {sub(b)}"
-        if n.op == "not":
-            return f"not {sub(n.args[0])}"
-        if n.op in ("and", "or"):
-            return f" {n.op} ".join(sub(a, True) for a in n.args)
-        a, b = n.args
-        cmp = p == _PREC["cmp"]  # never print a chained comparison
-        return f"{sub(a, cmp)} {n.op} {sub(b, True)}"
+__all__ = ["LIVE", "Node", "Untraceable", "expire_form", "renew_form", "trace"]
 
 
 # -- the loops -----------------------------------------------------------------------------
@@ -283,33 +48,57 @@ class Form:
 
 
 _RENEW = """\
-def renew_loop(req_ids, get, ended_get, now, extension, lost, c, rule):
+def renew_loop(req_ids, found, every, ended, now, extension, lost, c, rule):
 {hoisted}
-    renewed = 0
-    for rid in req_ids:
-        lease = get(rid)
-        if lease is None:
-            ended = ended_get(rid)
-            if ended is None:
-                c["renew_unknown"] += 1
+    missed = 0
+    if not every:  # some ids name no live lease: the loop that looks at each id
+        for rid, lease in zip(req_ids, found):
+            if lease is None:
+                missed += 1
+                tomb = ended.get(rid)
+                if tomb is None:
+                    c["renew_unknown"] += 1
+                    continue
+                c["renew_late"] += 1
+                if lost is not None and tomb[0] != {transferred}:
+                    lost.append(rid)
                 continue
-            c["renew_late"] += 1
-            if lost is not None and ended[0] != {transferred}:
-                lost.append(rid)
-            continue
-{body}
-        if not applies:
-            c["renew_lapsed"] += 1
-            if lost is not None:
-                lost.append(rid)
-            continue
-        lease.deadline = deadline
-        lease.last_renewal = now
-        renewed += 1
-    return renewed
+{renew12}
+        return len(found) - missed
+    for lease in found:  # every id names a live lease (the common heartbeat)
+{renew}
+    return len(found) - missed
 """
+#: One lease's renewal, in both loops (``{rid}``: its id).
+_RENEW_ONE = """\
+{loads}
+        if {applies}:
+            lease.deadline = {deadline}
+            lease.last_renewal = now
+            continue
+        missed += 1
+        c["renew_lapsed"] += 1
+        if lost is not None:
+            lost.append({rid})"""
+#: The loads for a rule that cannot be traced: the loop calls it per id.
 _RENEW_CALL = """\
         applies, deadline = rule(lease.state, lease.deadline, lease.cap_at, now, extension)"""
+
+
+def _renew_source(
+    hoisted: str, loads: str, applies: str = "applies", deadline: str = "deadline"
+) -> str:
+    """The renew loop's source: ``loads`` (lines indented for the loop over
+    leases; the loop over ids that may name none indents them once more) bind
+    what ``applies`` and ``deadline`` (expressions) read."""
+    one = _RENEW_ONE.format(loads=loads, applies=applies, deadline=deadline, rid="lease.req_id")
+    one12 = _RENEW_ONE.format(loads=loads, applies=applies, deadline=deadline, rid="rid")
+    return _RENEW.format(
+        hoisted=hoisted,
+        renew=one,
+        renew12="\n".join("    " + line for line in one12.split("\n")),
+        transferred=R.TRANSFERRED,
+    )
 
 
 def _compile(source: str, name: str) -> Callable[..., Any]:
@@ -322,9 +111,18 @@ def _compile(source: str, name: str) -> Callable[..., Any]:
 _cache: dict[tuple[object, ...], Form] = {}
 
 
+#: What the renew loop knows of every lease it renews: it is in the table's live map,
+#: and a lease is there exactly while it is GRANTED (``LeaseTable`` ends a lease by
+#: taking it out of the map before it sets the end state; ``tests/test_hot_paths.py``
+#: checks it over random histories). The renewal is simplified under this fact, and
+#: ``tests/test_specialise.py`` proves the generated form equal to the rule under it.
+LIVE: dict[tuple[Any, ...], object] = {("var", "state"): R.GRANTED}
+
+
 def renew_form(rule: Callable[..., Any], *, capped: bool) -> Form:
     """The renew loop for ``rule`` (:func:`.rules.renew_rule` or a patched one);
-    ``capped``: leases carry a ``cap_at`` (``max_lease_lifetime`` set)."""
+    ``capped``: leases carry a ``cap_at`` (``max_lease_lifetime`` set). Each
+    lease it is given is in the table's live map (:data:`LIVE`)."""
     key = ("renew", rule, capped)
     form = _cache.get(key)
     if form is None:
@@ -333,26 +131,24 @@ def renew_form(rule: Callable[..., Any], *, capped: bool) -> Form:
 
 
 def _renew_form(rule: Callable[..., Any], capped: bool) -> Form:
-    fill = {"transferred": repr(R.TRANSFERRED)}
     try:
         applies, deadline = trace(
             rule, "state", "deadline", "cap_at" if capped else None, "now", "extension"
         )
         applies, deadline = _lift(applies), _lift(deadline)
-        applies = simplify(applies, {})
-        deadline = simplify(deadline, assume(applies))
+        applies = simplify(applies, LIVE)
+        deadline = simplify(deadline, {**LIVE, **assume(applies)})
     except Untraceable:
-        src = _RENEW.format(hoisted="    pass", body=_RENEW_CALL, **fill)
+        src = _renew_source("    pass", _RENEW_CALL)
         return Form(_compile(src, "renew_loop"), src, False, {}, ())
     pr = Printer(frozenset({"now", "extension"}))
     a_src = pr.expr(applies)
     d_src = pr.expr(deadline)
-    loads = "".join(
-        f"        {v} = lease.{v}\n" for v in ("state", "deadline", "cap_at") if v in a_src + d_src
+    loads = "\n".join(
+        f"        {v} = lease.{v}" for v in ("state", "deadline", "cap_at") if v in a_src + d_src
     )
-    body = f"{loads}        applies = {a_src}\n        if applies:\n            deadline = {d_src}"
     hoisted = "\n".join(f"    {n} = {s}" for n, s in pr.hoisted) or "    pass"
-    src = _RENEW.format(hoisted=hoisted, body=body, **fill)
+    src = _renew_source(hoisted, loads or "        pass", a_src, d_src)
     return Form(
         _compile(src, "renew_loop"),
         src,

@@ -1,31 +1,42 @@
 """The prefill side: one lease per request (spec §6, §8.1-8.5).
 
-Expiry uses a min-heap of ``(deadline, seq, lease)`` with one entry per live
-lease. Renewals only move ``lease.deadline`` (O(1) per id); when the reaper
-pops an entry whose lease was renewed past it, it pushes the entry back at the
-new deadline. So ``expire`` touches only entries that came due, never the live
-set (upstream bug B1 came from a reaper that assumed insertion order).
+Expiry uses a calendar of exact deadlines (:class:`.deadlines.DeadlineQueue`:
+a bucket of leases per deadline, a heap of the distinct deadlines). Renewals
+only move ``lease.deadline`` (O(1) per id); when the reaper meets a lease that
+was renewed past the deadline it was queued at, it queues it again at the new
+one. So ``expire`` touches only what came due, never the live set (upstream
+bug B1 came from a reaper that assumed insertion order).
 """
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import math
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import fields
+from itertools import repeat
+from operator import attrgetter
 
 from . import rules as R
 from . import specialise
 from .checks import FIRST_NOW, advance, check_count, check_positive, check_wire_id
 from .config import LeaseConfig
+from .deadlines import DeadlineQueue
 from .errors import LocalProtocolError
-from .events import LateTransfer, Release, ReleaseReason, TransferCounted, make_release
+from .events import LateTransfer, Release, ReleaseReason, TransferCounted, make_releases
 from .lease import Lease, TableStats
+from .renewal import Renewals
 from .wire import MAX_COUNT
 
 __all__ = ["LeaseTable", "TableStats"]
+
+
+_STATE = attrgetter("state")
+_DEADLINE = attrgetter("deadline")
+_REQ_ID = attrgetter("req_id")
+_SET_STATE: Callable[[Lease, int], None] = getattr(Lease, "state").__set__  # noqa: B009
+_consume: Callable[[Iterable[object]], None] = deque[object](maxlen=0).extend
 
 _REASON = {
     R.TRANSFERRED: ReleaseReason.TRANSFERRED,
@@ -34,7 +45,7 @@ _REASON = {
 }
 
 
-class LeaseTable:
+class LeaseTable(Renewals):
     """P's leases. Owns no clock: every time-dependent call takes ``now``.
 
     ``now`` must never decrease between calls (:class:`LocalProtocolError`).
@@ -43,9 +54,8 @@ class LeaseTable:
     def __init__(self, config: LeaseConfig | None = None) -> None:
         self.config = config if config is not None else LeaseConfig()
         self._leases: dict[str, Lease] = {}
-        self._heap: list[tuple[float, int, Lease]] = []
-        self._seq = itertools.count()
-        self._stale = 0  # heap entries whose lease already ended
+        self._queue = DeadlineQueue()  # the leases by deadline, for expire
+        self._seq = itertools.count()  # grant order: ties in expire go by it
         # ended leases, oldest first: id -> (state, ended_at)
         self._ended: OrderedDict[str, tuple[int, float]] = OrderedDict()
         # notifications for ids not yet granted:
@@ -55,6 +65,7 @@ class LeaseTable:
         self._c = dict.fromkeys((f.name for f in fields(TableStats)), 0)
         # the loops generated from the rules (specialise), dropped when a rule is rebound
         self._renew_loop: Callable[..., int] | None = None
+        self._renew_rule = R.renew_rule
         self._expire_one: Callable[..., int | None] | None = None
         self._tomb: tuple[int, float] = (R.ABSENT, -math.inf)
         R.watch(self)
@@ -79,9 +90,10 @@ class LeaseTable:
         reason = _REASON[state]
         self._c["released_" + reason.value] += 1
         if state != R.EXPIRED:  # the reaper pops expired entries itself
-            self._stale += 1
-            if self._stale > len(self._leases) + 1024:
-                self._compact()
+            queue = self._queue
+            queue.stale += 1
+            if queue.stale > len(self._leases) + 1024:
+                queue.compact(self._leases)
         return Release(
             lease.req_id,
             reason,
@@ -90,11 +102,6 @@ class LeaseTable:
             deadline=lease.deadline,
             last_renewal=lease.last_renewal,
         )
-
-    def _compact(self) -> None:
-        self._heap = [e for e in self._heap if self._leases.get(e[2].req_id) is e[2]]
-        heapq.heapify(self._heap)
-        self._stale = 0
 
     def _prune(self, now: float) -> None:
         ttl = self.config.tombstone_ttl
@@ -167,7 +174,8 @@ class LeaseTable:
         self._ended.pop(req_id, None)  # a reused id starts a new lease (spec §6.1)
         lease = Lease(req_id, now, deadline, cap_at, consumers)
         self._leases[req_id] = lease
-        heapq.heappush(self._heap, (lease.deadline, next(self._seq), lease))
+        lease.seq = next(self._seq)
+        self._queue.push(lease)
         self._c["granted"] += 1
         staged = self._staged.pop(req_id, None)
         if staged is None:
@@ -182,36 +190,6 @@ class LeaseTable:
             if state != R.GRANTED:
                 return self._end(lease, state, now)
         return None
-
-    def renew(self, req_ids: Iterable[str], *, now: float, lost: list[str] | None = None) -> int:
-        """Apply one heartbeat: every live lease named gets
-        ``deadline = max(deadline, min(now + lease_extension, granted_at + cap))``.
-
-        Unknown, ended and lapsed ids are ignored and counted; a renewal never
-        creates or revives a lease. Returns how many leases were renewed.
-
-        ``lost``, when given, receives the ids whose lease is gone for good:
-        ended by expiry or abort, or lapsed (``deadline <= now``) and about to
-        be reaped. D still heartbeats them, so it has not read them yet: the
-        caller can nack them and D fails over before it reads reused blocks.
-        """
-        self._clock(now)
-        loop = self._renew_loop
-        if loop is None:
-            capped = self.config.max_lease_lifetime is not None
-            loop = self._renew_loop = specialise.renew_form(R.renew_rule, capped=capped).fn
-        renewed: int = loop(
-            req_ids,
-            self._leases.get,
-            self._ended.get,
-            now,
-            self.config.lease_extension,
-            lost,
-            self._c,
-            R.renew_rule,
-        )
-        self._c["renewed"] += renewed
-        return renewed
 
     def transfer_done(
         self, req_id: str, *, now: float, readers: int | None = None
@@ -273,52 +251,39 @@ class LeaseTable:
 
     def expire(self, *, now: float) -> list[Release]:
         """Release every lease with ``deadline <= now`` (``EXPIRED``), earliest
-        deadline first (ties in grant order). Cost follows the heap entries that came due, not the
-        number of live leases. Also forgets tombstones and staged notifications
-        older than their TTLs."""
+        deadline first (ties in grant order). Cost follows the leases (and the
+        distinct deadlines) that came due, not the number of live leases. Also
+        forgets tombstones and staged notifications older than their TTLs."""
         self._clock(now)
         one = self._expire_one
         if one is None:
             one = self._expire_one = specialise.expire_form(R.expire_due, R.expire_state).fn
         due_rule, state_rule = R.expire_due, R.expire_state
-        heap = self._heap
         leases = self._leases
         ended = self._ended
-        pop, replace = heapq.heappop, heapq.heapreplace
-        expired_reason = _REASON[R.EXPIRED]
-        tomb = (R.EXPIRED, now)  # one tombstone value shared by this call's expiries
-        out: list[Release] = []
-        expired = 0
-        while heap and heap[0][0] <= now:
-            key, seq, lease = heap[0]
-            rid = lease.req_id
-            if leases.get(rid) is not lease:
-                pop(heap)
-                self._stale = max(0, self._stale - 1)
-                continue
-            deadline = lease.deadline
-            state = (
-                None if key != deadline else one(lease.state, deadline, now, due_rule, state_rule)
-            )
-            if state is None:  # renewed since it was queued: requeue at its new deadline, even
-                # when that is due too, so releases stay in deadline order (tombstones too)
-                replace(heap, (deadline, seq, lease))
-                continue
-            pop(heap)
-            if state != R.EXPIRED:  # only a rebound rule ends a lease otherwise here
-                out.append(self._end(lease, state, now))
-                continue
-            # what _end does, for the reaper's batch: tombstones trimmed once below
-            del leases[rid]
-            lease.state = state
-            ended[rid] = tomb
-            ended.move_to_end(rid)
-            expired += 1
-            out.append(
-                make_release(
-                    rid, expired_reason, now, lease.granted_at, lease.deadline, lease.last_renewal
-                )
-            )
+        # every live lease with deadline <= now, in deadline order (ties in grant order),
+        # taken from the queue in one pass over the deadlines that came due
+        due = self._queue.take_due(now, leases)
+        ends = {  # the rule, once per distinct (state, deadline) among them
+            one(s, d, now, due_rule, state_rule)
+            for s in set(map(_STATE, due))
+            for d in set(map(_DEADLINE, due))
+        }
+        if ends <= {R.EXPIRED}:  # each one expires: what _end does, for the whole batch
+            out = self._expire_all(due, now)
+            expired = len(out)
+        else:  # a rebound rule: lease by lease
+            out = []
+            expired = 0
+            for lease in due:
+                state = one(lease.state, lease.deadline, now, due_rule, state_rule)
+                if state is None:  # not due after all: back in the queue
+                    self._queue.requeue(lease)
+                elif state != R.EXPIRED:
+                    out.append(self._end(lease, state, now))
+                else:
+                    out.extend(self._expire_all([lease], now))
+                    expired += 1
         if expired:
             self._c["released_expired"] += expired
             capacity = self.config.tombstone_capacity
@@ -326,6 +291,20 @@ class LeaseTable:
                 ended.popitem(last=False)
         self._prune(now)
         return out
+
+    def _expire_all(self, due: list[Lease], now: float) -> list[Release]:
+        """End ``due`` (live leases, in release order) as ``EXPIRED`` at ``now``, at
+        C speed: out of the live map, one tombstone value shared (trimmed by the
+        caller), a :class:`Release` each."""
+        leases, ended = self._leases, self._ended
+        rids = list(map(_REQ_ID, due))
+        _consume(map(leases.__delitem__, rids))
+        _consume(map(_SET_STATE, due, repeat(R.EXPIRED)))
+        size = len(ended)
+        ended.update(zip(rids, repeat((R.EXPIRED, now))))
+        if len(ended) != size + len(rids):  # an id already had a tombstone: newest last
+            _consume(map(ended.move_to_end, rids))
+        return make_releases(due, _REASON[R.EXPIRED], now)
 
     # -- queries --------------------------------------------------------------------------
     def deadline(self, req_id: str) -> float | None:
@@ -335,18 +314,7 @@ class LeaseTable:
 
     def next_deadline(self) -> float | None:
         """The earliest deadline of any live lease (when to call :meth:`expire`)."""
-        heap = self._heap
-        leases = self._leases
-        while heap:
-            d, seq, lease = heap[0]
-            if leases.get(lease.req_id) is not lease:
-                heapq.heappop(heap)
-                self._stale = max(0, self._stale - 1)
-            elif lease.deadline != d:
-                heapq.heapreplace(heap, (lease.deadline, seq, lease))
-            else:
-                return d
-        return None
+        return self._queue.next_deadline(self._leases)
 
     def live(self) -> list[str]:
         """Ids of live leases, in grant order."""

@@ -21,6 +21,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from . import rules as R
+from . import wire
 from .checks import FIRST_NOW, advance, check_wire_id
 from .config import LeaseConfig
 from .errors import LocalProtocolError
@@ -28,6 +29,7 @@ from .errors import LocalProtocolError
 __all__ = ["HeartbeatTracker", "TrackerStats"]
 
 _INF = math.inf
+_HB = wire.HEARTBEAT_PREFIX
 
 
 class _Requests(dict[str, str]):
@@ -255,6 +257,39 @@ class HeartbeatTracker:
             return -math.inf
         # the oldest last heartbeat gives the minimum: rounding keeps x + c monotone in x
         return next(iter(self._last_sent.values())) + self.config.heartbeat_interval
+
+    def payloads(self, ids: list[str], *, max_bytes: int | None = None) -> list[bytes]:
+        """The heartbeat messages for ``ids``, one engine's list that :meth:`due`
+        returned: ``wire.encode_heartbeat(ids, max_bytes=max_bytes)`` byte for
+        byte (default ``config.max_notification_bytes``), without its per-id
+        checks: :meth:`track` checked each id (``check_wire_id``), so what is
+        left is dropping repeats, one join and the cuts at the last ``,`` that
+        fits (``tests/test_hot_paths.py`` compares the two on random ids).
+
+        Raises:
+            ValueError: as ``encode_heartbeat`` does (``max_bytes`` leaves no
+                room, or an id does not fit in one message).
+        """
+        max_bytes = self.config.max_notification_bytes if max_bytes is None else max_bytes
+        room = max_bytes - len(_HB)
+        if len(set(ids)) != len(ids):
+            ids = list(dict.fromkeys(ids))  # repeats are sent once, where first named
+        if not ids or room < 1:
+            return wire.encode_heartbeat(ids, max_bytes=max_bytes)  # [] or the error
+        data = ",".join(ids).encode()
+        if len(data) <= room:
+            return [_HB + data]
+        out: list[bytes] = []
+        add, rfind, hb = out.append, data.rfind, _HB
+        start, last, step = 0, len(data) - room, room + 1
+        while start < last:
+            cut = rfind(b",", start, start + step)  # just after the last id that fits
+            if cut < 0:  # an id longer than a message: encode_heartbeat says which
+                return wire.encode_heartbeat(ids, max_bytes=max_bytes)
+            add(hb + data[start:cut])
+            start = cut + 1
+        add(hb + data[start:])
+        return out
 
     # -- queries --------------------------------------------------------------------------
     def engines(self) -> list[str]:

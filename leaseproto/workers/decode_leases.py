@@ -92,7 +92,8 @@ class DecodeLeases:
         engine = self.engines.get(engine_id)
         if engine is None or engine.lost:
             return
-        payloads = wire.encode_heartbeat(ids, max_bytes=self.config.max_notification_bytes)
+        # the tracker checked each id at track: encoded without the per-id checks
+        payloads = self.tracker.payloads(ids, max_bytes=self.config.max_notification_bytes)
         log.debug(
             "heartbeat to P engine %s (%d rank%s) naming %d req%s: %s",
             engine_id,

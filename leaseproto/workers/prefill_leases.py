@@ -43,6 +43,8 @@ log = logging.getLogger("leaseproto.prefill")
 
 #: Longest one loop turn spends handling queued notifications, seconds.
 _INBOX_BUDGET_S = 0.02
+#: The capability token as it appears in a hello heartbeat's payload.
+_HELLO = wire.CAPABILITY.encode()
 
 
 class PrefillLeases:
@@ -141,6 +143,27 @@ class PrefillLeases:
             return
         lost: list[str] = []
         self.table.renew(ids, now=now, lost=lost)
+        self._renewed(sender, ids, lost, now)
+
+    def _fused_heartbeat(self, sender: str, payload: bytes, now: float) -> bool:
+        """A heartbeat decoded and renewed in one pass (``LeaseTable.renew_heartbeat``:
+        the same decisions as ``wire.decode`` then ``renew``, at a fraction of the
+        cost); False when that path does not take it (``_notification`` then
+        decodes it, which words any error). A payload naming the capability token
+        (the reader's hello) goes the long way, which handles the hello."""
+        if self.opts.policy != "lease" or type(payload) is not bytes or _HELLO in payload:
+            return False
+        lost: list[str] = []
+        ids = self.table.renew_heartbeat(payload, now=now, lost=lost)
+        if ids is None:
+            return False
+        self.heartbeats_received += 1
+        self.metrics.heartbeats.inc()
+        self.metrics.heartbeat_ids.inc(len(ids))
+        self._renewed(sender, ids, lost, now)
+        return True
+
+    def _renewed(self, sender: str, ids: Sequence[str], lost: list[str], now: float) -> None:
         if self.backend.trace.enabled:
             deadlines = {rid: self.table.deadline(rid) for rid in ids}
             self.backend.trace.emit(
@@ -184,6 +207,8 @@ class PrefillLeases:
     def _notification(self, sender: str, payload: bytes, now: float) -> None:
         if self.backend.trace.enabled:
             self.backend.trace.emit("handle", now=now, src=sender, data=text(payload))
+        if self._fused_heartbeat(sender, payload, now):
+            return
         try:
             msg = wire.decode(payload)
         except wire.MalformedMessage as exc:
