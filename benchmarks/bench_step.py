@@ -4,7 +4,7 @@ One P step = that step's heartbeat renewals + ``expire``. N leases are live,
 granted over the first heartbeat interval; each is renewed once per heartbeat
 interval except 1% that never are (their decoder died); steps are 10 ms of
 virtual time apart, for 60 s of virtual time, so every initial 30 s deadline
-passes, the never-renewed 1% expire, and the renewed leases' heap entries come
+passes, the never-renewed 1% expire, and the renewed leases' queue entries come
 due again (the reaper's steady state). The same schedule drives
 :class:`leaseproto.LeaseTable` and, in the same process and in lockstep, a
 full-scan baseline:
@@ -15,9 +15,9 @@ ids at the same steps; the script checks that.
 Reports the mean cost per step (each step's fastest of ``--repeat`` runs, which
 filters out time stolen by other processes on a shared machine) and the 99th
 percentile: the whole step, the renewals alone and ``expire`` alone for the
-table; the whole step for the baseline; and the ratios. Targets (issue 2):
-at 100k the table's step is >= 10x cheaper than the baseline's and within 2x of
-its renewals alone.
+table; the whole step for the baseline; and the ratios. Targets (issue 12;
+issue 2 asked for 10x and 2x): at 100k the table's step is >= 20x cheaper than
+the baseline's and within 1.3x of its renewals alone.
 
     python benchmarks/bench_step.py [--sizes 1000,10000,100000] [--seconds 60] [--repeat 3]
 """
@@ -214,10 +214,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     big = results[-1]
     print(
-        f"targets at {big['n']:,}: step >= 10x cheaper than full scan: "
-        f"{'met' if big['base_step'] >= 10 * big['step'] else 'MISSED'} "
-        f"({ratio(big['base_step'], big['step'])}); step within 2x of renewals alone: "
-        f"{'met' if big['step'] <= 2 * big['renew'] else 'MISSED'} "
+        f"targets at {big['n']:,} (issue 12): step >= 20x cheaper than full scan: "
+        f"{'met' if big['base_step'] >= 20 * big['step'] else 'MISSED'} "
+        f"({ratio(big['base_step'], big['step'])}); step within 1.3x of renewals alone: "
+        f"{'met' if big['step'] <= 1.3 * big['renew'] else 'MISSED'} "
         f"({ratio(big['step'], big['renew'])})"
     )
     return 0

@@ -54,17 +54,17 @@ ONE_TOMBSTONE = SCOPES["two"].config.__class__(
 SEEDED: dict[str, tuple[Any, str, str, str, Any, str]] = {
     "renewed queue entry requeued 1 s late": (
         DeadlineQueue,
-        "requeue",
-        "self.push(lease)",
-        "lease.deadline += 1\n        self.push(lease)\n        lease.deadline -= 1",
+        "take_due",
+        "bucket = buckets.get(later)",
+        "later += 1\n            bucket = buckets.get(later)",
         SCOPES["small"].with_(d_crash=True),
         "I4",
     ),
     "renewed queue entry dropped, not requeued": (
         DeadlineQueue,
         "take_due",
-        "self.requeue(lease)",
-        "pass",
+        "bucket = buckets.get(later)",
+        "continue\n            bucket = buckets.get(later)",
         SCOPES["small"].with_(d_crash=True),
         "I4",
     ),

@@ -77,10 +77,21 @@ class DeadlineQueue:
             for lease in buckets.pop(d):
                 if live.get(lease.req_id) is not lease:
                     self._dropped()
-                elif lease.deadline != d:  # renewed since: a later deadline
-                    self.requeue(lease)
-                else:
+                    continue
+                later = lease.deadline
+                if later == d:
                     add(lease)
+                    continue
+                # renewed since: queued again at its deadline (requeue, inline: a
+                # lease renewed once per heartbeat interval comes here every ~15 s)
+                bucket = buckets.get(later)
+                if bucket is None:
+                    buckets[later] = [lease]
+                    heapq.heappush(keys, later)
+                elif bucket[-1].seq < lease.seq:
+                    bucket.append(lease)
+                else:
+                    bisect.insort(bucket, lease, key=_SEQ)
         return out
 
     def next_deadline(self, live: dict[str, Lease]) -> float | None:

@@ -264,26 +264,27 @@ class LeaseTable(Renewals):
         # every live lease with deadline <= now, in deadline order (ties in grant order),
         # taken from the queue in one pass over the deadlines that came due
         due = self._queue.take_due(now, leases)
-        ends = {  # the rule, once per distinct (state, deadline) among them
-            one(s, d, now, due_rule, state_rule)
-            for s in set(map(_STATE, due))
-            for d in set(map(_DEADLINE, due))
-        }
-        if ends <= {R.EXPIRED}:  # each one expires: what _end does, for the whole batch
-            out = self._expire_all(due, now)
-            expired = len(out)
-        else:  # a rebound rule: lease by lease
-            out = []
-            expired = 0
-            for lease in due:
-                state = one(lease.state, lease.deadline, now, due_rule, state_rule)
-                if state is None:  # not due after all: back in the queue
-                    self._queue.requeue(lease)
-                elif state != R.EXPIRED:
-                    out.append(self._end(lease, state, now))
-                else:
-                    out.extend(self._expire_all([lease], now))
-                    expired += 1
+        out: list[Release] = []
+        expired = 0
+        if due:
+            ends = {  # the rule, once per distinct (state, deadline) among them
+                one(s, d, now, due_rule, state_rule)
+                for s in set(map(_STATE, due))
+                for d in set(map(_DEADLINE, due))
+            }
+            if ends <= {R.EXPIRED}:  # each one expires: what _end does, for the whole batch
+                out = self._expire_all(due, now)
+                expired = len(out)
+            else:  # a rebound rule: lease by lease
+                for lease in due:
+                    state = one(lease.state, lease.deadline, now, due_rule, state_rule)
+                    if state is None:  # not due after all: back in the queue
+                        self._queue.requeue(lease)
+                    elif state != R.EXPIRED:
+                        out.append(self._end(lease, state, now))
+                    else:
+                        out.extend(self._expire_all([lease], now))
+                        expired += 1
         if expired:
             self._c["released_expired"] += expired
             capacity = self.config.tombstone_capacity
