@@ -13,7 +13,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 import mutants  # noqa: E402
 import random_profile_power  # noqa: E402
 
-from leaseproto.core.table import LeaseTable  # noqa: E402
+from leaseproto.core.deadlines import DeadlineQueue  # noqa: E402
 
 
 def test_every_mutant_compiles_and_changes_its_module() -> None:
@@ -42,5 +42,5 @@ def test_mutant_keys_are_unique_and_sampling_is_stable() -> None:
 
 
 def test_the_power_tool_finds_the_expire_fix_it_reverts() -> None:
-    src = inspect.getsource(LeaseTable.expire)
+    src = inspect.getsource(DeadlineQueue.take_due)
     assert src.count(random_profile_power.FIX) == 1

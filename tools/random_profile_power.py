@@ -25,15 +25,17 @@ from typing import Any
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from leaseproto.core.table import LeaseTable
+from leaseproto.core.deadlines import DeadlineQueue
 from leaseproto.testing import machine as M
 
-FIX = "None if key != deadline else one(lease.state, deadline, now, due_rule, state_rule)"
-BUG = "one(lease.state, deadline, now, due_rule, state_rule)"
+# the reaper takes a lease found in the bucket of an older deadline only when it was not
+# renewed since; the bug took it whenever its new deadline was due too (out of order)
+FIX = "if later == d:"
+BUG = "if later <= now:"
 
 
 def reintroduce_the_bug() -> None:
-    src = textwrap.dedent(inspect.getsource(LeaseTable.expire))
+    src = textwrap.dedent(inspect.getsource(DeadlineQueue.take_due))
     assert src.count(FIX) == 1, "the fix is not where it was: update this tool"
     code = compile(
         src.replace(FIX, BUG),
@@ -43,8 +45,8 @@ def reintroduce_the_bug() -> None:
         dont_inherit=True,
     )
     ns: dict[str, Any] = {}
-    exec(code, vars(sys.modules[LeaseTable.__module__]), ns)
-    LeaseTable.expire = ns["expire"]  # type: ignore[method-assign]
+    exec(code, vars(sys.modules[DeadlineQueue.__module__]), ns)
+    DeadlineQueue.take_due = ns["take_due"]  # type: ignore[method-assign]
 
 
 def main(argv: list[str] | None = None) -> int:
