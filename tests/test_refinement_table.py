@@ -2,16 +2,17 @@
 (P engines), with staging and tombstone eviction on at small capacities,
 satisfy the z3 relation of ``leaseproto.proofs.table_model`` call by call.
 
-What the runtime holds is read back white-box (``_leases``, ``_heap``,
-``_ended``, ``_staged``) and mapped to the model's fields: each live lease must
-have exactly one heap entry, with the model's key; tombstones and staged
-entries must be the model's, in the model's order (oldest first). ``expire`` is
-one call in the runtime and a run of heap pops in the model: the model's pops
-are taken in the runtime's order (key, then push sequence), and the runtime's
-state after the call must be the model's after ``expire_end``. Verdicts
-(``transfer_done``'s result) and lost-lease reports (``renew``'s ``lost``) are
-checked against the model's branch. The seeded bugs of issue 11 (the table's
-and the tracker's) each make this refinement fail.
+What the runtime holds is read back white-box (``_leases``, the deadline
+queue's entries as the model's heap, ``_ended``, ``_staged``) and mapped to the
+model's fields: each live lease must have exactly one heap entry, with the
+model's key; tombstones and staged entries must be the model's, in the model's
+order (oldest first). ``expire`` is one call in the runtime and a run of heap
+pops in the model: the model's pops are taken in the runtime's order (key, then
+push sequence), and the runtime's state after the call must be the model's
+after ``expire_end``. Verdicts (``transfer_done``'s result) and lost-lease
+reports (``renew``'s ``lost``) are checked against the model's branch. The
+seeded bugs of issue 11 (the table's and the tracker's) each make this
+refinement fail.
 """
 
 from __future__ import annotations
@@ -63,6 +64,12 @@ def initial() -> dict[str, Any]:
     return s
 
 
+def _heap(table: LeaseTable) -> list[tuple[float, int, Any]]:
+    """The model's heap entries ``(key, push sequence, lease)`` as the runtime holds
+    them: its deadline queue's entries (queued deadline, the lease's grant order)."""
+    return [(d, lease.seq, lease) for d, lease in table._queue.entries()]
+
+
 def observe(table: LeaseTable, pre: dict[str, Any], now: float) -> dict[str, Any]:
     """The model's fields as the runtime holds them (what it does not hold --
     an ended lease's state once forgotten, end orders, ghosts -- is left out)."""
@@ -70,7 +77,7 @@ def observe(table: LeaseTable, pre: dict[str, Any], now: float) -> dict[str, Any
     for k, rid in enumerate(IDS):
         lease = table._leases.get(rid)
         if lease is not None:
-            entries = [e for e in table._heap if e[2] is lease]
+            entries = [e for e in _heap(table) if e[2] is lease]
             assert len(entries) <= 1, f"{rid}: {len(entries)} heap entries for one lease"
             obs.update(
                 {
@@ -154,7 +161,7 @@ def returns(call: Any, seconds: float = 2.0) -> Any:
 
 def expire(table: LeaseTable, pre: dict[str, Any], now: float) -> dict[str, Any]:
     seq = {
-        k: e[1] for k, rid in enumerate(IDS) for e in table._heap if e[2] is table._leases.get(rid)
+        k: e[1] for k, rid in enumerate(IDS) for e in _heap(table) if e[2] is table._leases.get(rid)
     }
     released = [r.req_id for r in returns(lambda: table.expire(now=now))]
     s = step(pre, "expire_begin", {}, t=now)
