@@ -11,6 +11,7 @@ import math
 import pytest
 
 from leaseproto import HeartbeatTracker, LeaseConfig, LeaseTable, LocalProtocolError, wire
+from leaseproto.core.checks import check_wire_id
 
 BAD_NOW = [math.nan, math.inf, -math.inf]
 
@@ -147,3 +148,27 @@ def test_the_tracker_never_fails_inside_due_for_an_id_it_accepted() -> None:
     d.track("a", engine_id="P", remote_req_id="y" * cfg.max_id_bytes, now=0.0)
     (ids,) = d.due(now=0.0).values()
     assert all(len(p) <= 64 for p in wire.encode_heartbeat(ids, max_bytes=64))
+
+
+@pytest.mark.parametrize("rid", ["cmpl-1", "réq-ü", "a" * 512])
+def test_check_wire_id_returns_the_id_it_accepts_plain_or_not(rid: str) -> None:
+    """The fast path (``wire.plain_id``: ASCII) and the full check (any other
+    valid id) both hand the id back."""
+    assert check_wire_id(rid, 512) == rid
+
+
+def test_an_id_both_malformed_and_too_long_is_refused_for_the_malformation() -> None:
+    """The wire-format problem is what the error names; the size limit of C7 is
+    only checked for an id that is otherwise valid."""
+    with pytest.raises(LocalProtocolError, match="contains ','"):
+        check_wire_id("a,b" + "x" * 200, 100)
+    with pytest.raises(LocalProtocolError, match="rule C7"):
+        check_wire_id("x" * 200, 100)
+
+
+def test_an_id_that_is_not_utf_8_is_refused_as_misuse() -> None:
+    bad = "req-\ud800"  # a lone surrogate: a str that UTF-8 cannot encode
+    with pytest.raises(LocalProtocolError, match="UTF-8"):
+        LeaseTable(LeaseConfig()).grant(bad, now=0.0)
+    with pytest.raises(LocalProtocolError, match="UTF-8"):
+        HeartbeatTracker(LeaseConfig()).track("d", engine_id="p", remote_req_id=bad, now=0.0)

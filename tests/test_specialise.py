@@ -267,3 +267,24 @@ def test_a_burst_of_expiries_matches_one_by_one_and_shares_tombstones() -> None:
     kept = [rid for rid in (f"r{i}" for i in range(12)) if batch.ended(rid) is not None]
     assert kept == ["r2", "r4", "r5", "r8", "r11"]  # capacity 5: the last five ended
     assert len({id(batch._ended[k]) for k in kept}) == 1  # one tombstone value per call
+
+
+def test_the_printer_parenthesises_by_precedence() -> None:
+    """Every nesting of and/or/not/if the printer writes evaluates as the tree does
+    (the rules in use today never nest ``or`` inside ``and``)."""
+    import itertools
+
+    from leaseproto.core.specialise import Node, Printer
+
+    a, b, c = (Node("var", (x,)) for x in "abc")
+    trees = {
+        "(a or b) and c": Node("and", (Node("or", (a, b)), c)),
+        "a and (b or c)": Node("and", (a, Node("or", (b, c)))),
+        "not (a or b)": Node("not", (Node("or", (a, b)),)),
+        "(a if b else c) or a": Node("or", (Node("if", (b, a, c)), a)),
+    }
+    for want, tree in trees.items():
+        src = Printer(frozenset()).expr(tree)
+        for va, vb, vc in itertools.product([False, True], repeat=3):
+            env = {"a": va, "b": vb, "c": vc}
+            assert eval(src, {}, env) == eval(want, {}, env), (want, src)

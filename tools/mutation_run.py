@@ -48,22 +48,24 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from mutants import CORE, MODULES, ROOT, Mutant, mutants, mutated_source
 
-TEST_FILES = [
-    "tests/test_table.py",
-    "tests/test_tracker.py",
-    "tests/test_wire.py",
+TEST_FILES = [  # the fast ones first (a run stops at its first failure)
+    "tests/test_core_exports.py",
+    "tests/test_core_records.py",
+    "tests/test_bad_input.py",
+    "tests/test_state_table.py",
     "tests/test_verdicts.py",
+    "tests/test_peer.py",
     "tests/test_config.py",
     "tests/test_clock.py",
-    "tests/test_state_table.py",
+    "tests/test_table.py",
+    "tests/test_tracker.py",
     "tests/test_rules_agree.py",
     "tests/test_messages.py",
-    "tests/test_peer.py",
-    "tests/test_bad_input.py",
+    "tests/test_wire.py",
     "tests/test_specialise.py",
     "tests/test_model.py",
-    "tests/test_stateful.py",
     "tests/test_composed.py",
+    "tests/test_stateful.py",
     "tests/test_replay.py",
 ]
 LAYERS = ("tests", "checker", "proofs")
@@ -259,7 +261,9 @@ def _jobs_loop(
 
 def _select(m: Mutant, base: dict[str, Any], layer: str) -> list[str] | None:
     """The units of ``layer`` that execute one of ``m``'s lines, fastest first;
-    None: all of them (a node run at import: every unit runs it)."""
+    None: all of them (a node run at import: every unit runs it; or no baseline)."""
+    if base[layer] is None:
+        return None
     if not m.in_body:
         if layer != "tests":
             return None
@@ -298,9 +302,9 @@ def run(args: argparse.Namespace) -> int:
     if args.resume and out.exists():
         done = {json.loads(line)["key"] for line in out.read_text().splitlines() if line}
     t0 = time.perf_counter()
-    base: dict[str, Any] = {}
+    base: dict[str, Any] = {la: None for la in LAYERS} if args.full else {}
     cache = Path(args.tmp) / f"baseline-{_fingerprint()}.json"
-    if cache.exists():
+    if not args.full and cache.exists():
         base = json.loads(cache.read_text())
     base_tasks = iter([(la, _baseline_child, (la,)) for la in LAYERS if la not in base])
     for layer, res in _jobs_loop(base_tasks, args.jobs, 3600, tmp):
@@ -309,9 +313,10 @@ def run(args: argparse.Namespace) -> int:
             return 2
         base[layer] = {"cov": res["cov"], "took": res.get("took", {})}
         print(f"baseline {layer}: {len(res['cov'])} units, {res['seconds']} s", flush=True)
-    cache.write_text(json.dumps(base))
-    for layer in LAYERS:
-        base[layer]["cov"] = {u: set(v) for u, v in base[layer]["cov"].items()}
+    if not args.full:
+        cache.write_text(json.dumps(base))
+        for layer in LAYERS:
+            base[layer]["cov"] = {u: set(v) for u, v in base[layer]["cov"].items()}
     ms = [m for m in mutants(args.sample) if m.key not in done]
     if args.rate < 1.0:  # a stable share of every module, modules interleaved
         ms = [m for m in ms if _share(m.key) < args.rate]
@@ -326,9 +331,11 @@ def run(args: argparse.Namespace) -> int:
     results: dict[str, dict[str, Any]] = {m.key: {} for m in ms}
     by_key = {m.key: m for m in ms}
 
+    layers = [la for la in LAYERS if la in (args.layers or LAYERS)]
+
     def tasks() -> Iterator[tuple[Any, ...]]:
         for m in ms:
-            for layer in LAYERS:
+            for layer in layers:
                 units = _select(m, base, layer)
                 if units == []:
                     results[m.key][layer] = {"killed": False, "reached": False}
@@ -338,15 +345,15 @@ def run(args: argparse.Namespace) -> int:
     with out.open("a") as fh:
         for (key, layer), res in _jobs_loop(tasks(), args.jobs, args.timeout, tmp):
             results[key][layer] = {**res, "reached": True}
-            if len(results[key]) == len(LAYERS):
+            if len(results[key]) == len(layers):
                 m = by_key[key]
                 row = {"key": key, "where": m.where(), "what": m.what, **results.pop(key)}
                 fh.write(json.dumps(row) + "\n")
                 fh.flush()
-                tag = ",".join(k for k in LAYERS if row[k]["killed"]) or "SURVIVED"
+                tag = ",".join(k for k in layers if row[k]["killed"]) or "SURVIVED"
                 print(f"{m.where()} {m.what}: {tag}", flush=True)
         for key, res in results.items():  # not reached by any layer: never yielded
-            if len(res) == len(LAYERS):
+            if len(res) == len(layers):
                 m = by_key[key]
                 fh.write(json.dumps({"key": key, "where": m.where(), "what": m.what, **res}) + "\n")
     print(f"run time {time.perf_counter() - t0:.0f} s", flush=True)
@@ -354,7 +361,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def report(path: Path) -> None:
+def report(path: Path, markdown: bool = False) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from mutation_notes import EQUIVALENT
 
@@ -362,7 +369,7 @@ def report(path: Path) -> None:
     for line in path.read_text().splitlines():
         if line:
             row = json.loads(line)
-            rows[row["key"]] = row  # a rerun replaces the earlier row
+            rows[row["key"]] = {**rows.get(row["key"], {}), **row}  # a rerun replaces its layers
     live = set(mutants(1.0))
     current = {m.key for m in live}
     rows = {k: r for k, r in rows.items() if k in current}
@@ -390,6 +397,14 @@ def report(path: Path) -> None:
         c[2] += k in equiv
     for mod, (n, k, e) in sorted(per_mod.items()):
         print(f"    {mod}: {n} run, {k} killed, {e} equivalent")
+    if markdown:
+        print("\n| mutant | change | reached by | verdict |\n|---|---|---|---|")
+        for k in sorted(set(rows) - killed):
+            reached = ", ".join(la for la in LAYERS if rows[k][la].get("reached")) or "none"
+            note = EQUIVALENT.get(k)
+            verdict = f"equivalent: {note}" if note else "**not killed**"
+            print(f"| `{rows[k]['where']}` | {rows[k]['what']} | {reached} | {verdict} |")
+        return
     print("survivors (equivalent ones with their reason):")
     for k in sorted(set(rows) - killed):
         reached = "/".join(la for la in LAYERS if rows[k][la].get("reached")) or "none"
@@ -409,11 +424,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", help="a file of mutant keys, one a line: run only those")
     ap.add_argument("--out", default="mutation.jsonl", help="results, one JSON line a mutant")
     ap.add_argument("--resume", action="store_true", help="skip mutants already in --out")
+    ap.add_argument("--layers", nargs="+", choices=LAYERS, help="run only these layers")
     ap.add_argument("--tmp", default="/tmp/leaseproto-mutation")
+    ap.add_argument(
+        "--full", action="store_true", help="no baseline: every test and scope for each mutant"
+    )
     ap.add_argument("--report", metavar="JSONL", help="only print the figures of a run")
+    ap.add_argument("--markdown", action="store_true", help="--report's survivors as a table")
     args = ap.parse_args(argv)
     if args.report:
-        report(Path(args.report))
+        report(Path(args.report), markdown=args.markdown)
         return 0
     return run(args)
 

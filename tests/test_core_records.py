@@ -1,0 +1,42 @@
+"""The core's small records: statistics start at zero (a table or tracker that has
+done nothing reports nothing), a Release takes its times by keyword, a clock
+sample is kept only when it is tighter."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import pytest
+
+from leaseproto import HeartbeatTracker, LeaseConfig, LeaseTable
+from leaseproto.core.clock import ClockOffset
+from leaseproto.core.events import Release, ReleaseReason
+from leaseproto.core.lease import TableStats
+from leaseproto.core.tracker import TrackerStats
+
+
+def test_stats_records_default_to_zero() -> None:
+    for record in (TableStats(), TrackerStats()):
+        values = asdict(record)
+        assert values and all(v == 0 for v in values.values()), values
+
+
+def test_a_fresh_table_and_tracker_report_zero() -> None:
+    assert asdict(LeaseTable(LeaseConfig()).stats) == asdict(TableStats())
+    assert asdict(HeartbeatTracker(LeaseConfig()).stats) == asdict(TrackerStats())
+
+
+def test_release_takes_its_times_by_keyword_only() -> None:
+    with pytest.raises(TypeError):
+        Release("r", ReleaseReason.EXPIRED, 1.0, 0.0)  # type: ignore[misc]
+    r = Release("r", ReleaseReason.EXPIRED, 1.0, granted_at=0.0, deadline=1.0)
+    assert (r.granted_at, r.deadline, r.last_renewal) == (0.0, 1.0, None)
+
+
+def test_a_clock_sample_is_kept_only_when_its_round_trip_is_shorter() -> None:
+    c = ClockOffset(rho=0.0)
+    assert c.add_sample(t0=0.0, remote_time=10.0, t1=2.0)
+    assert not c.add_sample(t0=0.0, remote_time=10.0, t1=3.0)  # rtt 3 > 2: worse
+    assert c.uncertainty == 1.0
+    assert c.add_sample(t0=0.0, remote_time=10.0, t1=1.0)  # rtt 1 < 2: better
+    assert c.uncertainty == 0.5 and c.offset == 9.5
