@@ -51,6 +51,7 @@ from mutants import CORE, MODULES, ROOT, Mutant, mutants, mutated_source
 TEST_FILES = [  # the fast ones first (a run stops at its first failure)
     "tests/test_core_exports.py",
     "tests/test_core_records.py",
+    "tests/test_core_edges.py",
     "tests/test_bad_input.py",
     "tests/test_state_table.py",
     "tests/test_verdicts.py",
