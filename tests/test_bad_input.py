@@ -150,7 +150,7 @@ def test_the_tracker_never_fails_inside_due_for_an_id_it_accepted() -> None:
     assert all(len(p) <= 64 for p in wire.encode_heartbeat(ids, max_bytes=64))
 
 
-@pytest.mark.parametrize("rid", ["cmpl-1", "réq-ü", "a" * 512])
+@pytest.mark.parametrize("rid", ["cmpl-1", "réq-ü", "a" * 512, "é" * 256])
 def test_check_wire_id_returns_the_id_it_accepts_plain_or_not(rid: str) -> None:
     """The fast path (``wire.plain_id``: ASCII) and the full check (any other
     valid id) both hand the id back."""

@@ -4,11 +4,13 @@ sample is kept only when it is tighter."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict
 
 import pytest
 
 from leaseproto import HeartbeatTracker, LeaseConfig, LeaseTable
+from leaseproto.core import events
 from leaseproto.core.clock import ClockOffset
 from leaseproto.core.events import Release, ReleaseReason
 from leaseproto.core.lease import TableStats
@@ -40,3 +42,13 @@ def test_a_clock_sample_is_kept_only_when_its_round_trip_is_shorter() -> None:
     assert c.uncertainty == 1.0
     assert c.add_sample(t0=0.0, remote_time=10.0, t1=1.0)  # rtt 1 < 2: better
     assert c.uncertainty == 0.5 and c.offset == 9.5
+
+
+def test_every_event_is_frozen_and_slotted() -> None:
+    for name in events.__all__:
+        cls = getattr(events, name)
+        if not dataclasses.is_dataclass(cls):
+            continue
+        params = cls.__dataclass_params__  # type: ignore[attr-defined]
+        assert params.frozen, f"{name} is not frozen"
+        assert "__slots__" in vars(cls) and "__dict__" not in dir(cls), f"{name} has no slots"

@@ -22,4 +22,11 @@ EQUIVALENT: dict[str, str] = {
     "printer writes every operand of `and`/`or` with parentheses at equal precedence (`tight`), so "
     "the change only adds parentheses around an `and` or `or` inside an `or`; `not`, `if`, the "
     "arithmetic and comparisons still bind as before (2 is between `if` 0 and `not` 3, like 1)",
+    "specialise.py:_renew_form:statement deleted:"
+    "deadline = simplify(deadline, assume(applies))#0": (
+        "simplifying the deadline under the assumption that the renewal applies is an "
+        "optimisation: the unsimplified expression is the rule's own and equals the simplified "
+        "one wherever the loop uses it (only when it applies); tests/test_specialise.py proves "
+        "either equal to the rule"
+    ),
 }
