@@ -131,6 +131,7 @@ def on_config(config: Any) -> Any:
         {"Specification": "spec.md"},
         {"vLLM": "vllm.md"},
         {"Metrics": "metrics.md"},
+        {"Mutation run": "mutation.md"},
         {"API reference": [{title: page} for page, (title, _) in API.items()]},
         {"Changelog": "changelog.md"},
     ]

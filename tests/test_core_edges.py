@@ -26,3 +26,9 @@ def test_a_heartbeat_of_non_ascii_ids_fills_its_message_exactly() -> None:
         wire.HEARTBEAT_PREFIX + b",".join(i.encode() for i in ids[:2]),
         wire.HEARTBEAT_PREFIX + ids[2].encode(),
     ]
+
+
+def test_an_id_of_max_id_bytes_goes_on_the_wire_and_one_byte_more_does_not() -> None:
+    assert wire.MAX_ID_BYTES == 512  # spec §3.3
+    assert wire.id_problem("x" * 512) is None
+    assert wire.id_problem("x" * 513) == "request id is 513 bytes, more than 512"

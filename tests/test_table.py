@@ -383,3 +383,14 @@ def test_the_stale_count_is_the_heap_s_stale_entries_as_expire_pops_them() -> No
     assert t._stale == _stale_entries(t) == 4
     assert t.expire(now=2.0) == []
     assert t._stale == _stale_entries(t) == 0
+
+
+def test_pruning_forgets_only_the_tombstones_past_their_ttl() -> None:
+    t = table(tombstone_ttl=10.0)
+    t.grant("old", now=0.0)
+    t.grant("new", now=0.0)
+    t.abort("old", now=0.0)
+    t.abort("new", now=5.0)
+    assert t.expire(now=10.0) == []  # old's tombstone is 10 s old: forgotten
+    assert t.ended("old") is None
+    assert t.ended("new") is not None  # 5 s old: kept
