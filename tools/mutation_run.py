@@ -398,20 +398,19 @@ def report(path: Path, markdown: bool = False) -> None:
         c[2] += k in equiv
     for mod, (n, k, e) in sorted(per_mod.items()):
         print(f"    {mod}: {n} run, {k} killed, {e} equivalent")
-    if markdown:
-        print("\n| mutant | change | reached by | verdict |\n|---|---|---|---|")
-        for k in sorted(set(rows) - killed):
-            reached = ", ".join(la for la in LAYERS if rows[k][la].get("reached")) or "none"
-            note = EQUIVALENT.get(k)
-            verdict = f"equivalent: {note}" if note else "**not killed**"
-            print(f"| `{rows[k]['where']}` | {rows[k]['what']} | {reached} | {verdict} |")
-        return
-    print("survivors (equivalent ones with their reason):")
+    print(
+        "\n| mutant | change | reached by | verdict |\n|---|---|---|---|"
+        if markdown
+        else "survivors:"
+    )
     for k in sorted(set(rows) - killed):
-        reached = "/".join(la for la in LAYERS if rows[k][la].get("reached")) or "none"
-        note = EQUIVALENT.get(k)
-        tag = f"EQUIVALENT: {note}" if note else "NOT KILLED"
-        print(f"  {rows[k]['where']} {rows[k]['what']} [reached by {reached}] {tag}\n    {k}")
+        r, note = rows[k], EQUIVALENT.get(k)
+        reached = ", ".join(la for la in LAYERS if r[la].get("reached")) or "none"
+        verdict = f"equivalent: {note}" if note else "NOT KILLED"
+        if markdown:
+            print(f"| `{r['where']}` | {r['what']} | {reached} | {verdict} |")
+        else:
+            print(f"  {r['where']} {r['what']} [reached by {reached}] {verdict}\n    {k}")
 
 
 def main(argv: list[str] | None = None) -> int:
