@@ -367,24 +367,6 @@ def test_renew_reports_lost_leases_for_nacks() -> None:
     assert "lapsed" in t  # reporting does not end it: the reaper does
 
 
-def _stale_entries(t: LeaseTable) -> int:
-    return sum(1 for e in t._heap if t._leases.get(e[-1].req_id) is not e[-1])
-
-
-def test_the_stale_count_is_the_heap_s_stale_entries_as_expire_pops_them() -> None:
-    # the count decides when the heap is compacted: one too high compacts early, one
-    # too low late; each stale entry expire pops takes one off
-    t = table()
-    for i in range(4):
-        t.grant(f"a{i}", now=0.0, ttl=1.0)
-    t.grant("b", now=0.0, ttl=5.0)
-    for i in range(4):
-        t.abort(f"a{i}", now=0.0)
-    assert t._stale == _stale_entries(t) == 4
-    assert t.expire(now=2.0) == []
-    assert t._stale == _stale_entries(t) == 0
-
-
 def test_pruning_forgets_only_the_tombstones_past_their_ttl() -> None:
     t = table(tombstone_ttl=10.0)
     t.grant("old", now=0.0)
