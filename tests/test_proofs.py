@@ -318,3 +318,22 @@ def test_every_deleted_row_fails_an_obligation_of_its_transition(
     check.configure()
     failed = [o.label for o in mine if not check.solve(o).ok]
     assert failed, f"deleting {row} fails no obligation of {name}"
+
+
+def test_the_proofs_do_not_depend_on_the_order_of_the_transition_table() -> None:
+    """``next_state``'s ite chain once took the table's last row as its default,
+    untested: a value that is no state then followed that row, and the timing
+    proofs passed or failed with the dict's order (a test that deleted and
+    restored a row moved it last, and ``L4 preserved by p_step`` failed after it).
+    Here that row is moved last on purpose."""
+    saved = list(TRANSITIONS.items())
+    key = (LeaseState.GRANTED, Input.TIMER_EXPIRE)
+    items = [kv for kv in saved if kv[0] != key] + [(key, TRANSITIONS[key])]
+    try:
+        TRANSITIONS.clear()
+        TRANSITIONS.update(items)
+        status, out = run_check()
+    finally:
+        TRANSITIONS.clear()
+        TRANSITIONS.update(saved)
+    assert status == 0, "\n".join(ln for ln in out.splitlines() if ln.startswith("FAIL"))

@@ -80,9 +80,9 @@ def next_state(state: int, inp: Input, guard: bool) -> int:
     def target(src: LeaseState, t: Transition) -> int:
         return int(t.target) if t.guard is Guard.ALWAYS else ite(guard, int(t.target), int(src))
 
-    # every state has a row: the last one needs no test (a shorter term for z3)
-    total = {src for src, _ in rows} == set(LeaseState)
-    result = target(*rows.pop()) if total else NO_ROW
+    # every row is tested (none is the default): the term then means the same
+    # whatever the table's order, and a value that is no state goes to NO_ROW
+    result = NO_ROW
     for src, t in rows:
         result = ite(state == int(src), target(src, t), result)
     return result
