@@ -14,10 +14,17 @@ __all__ = ["wait_for"]
 
 def wait_for(pred: Callable[[], Any], what: str, timeout: float = 30.0, every: float = 0.02) -> Any:
     """Poll ``pred`` until it is truthy and return its value; fail naming
-    ``what`` once ``timeout`` seconds have passed."""
+    ``what`` once ``timeout`` seconds have passed. A ``pred`` that raises
+    ``TimeoutError`` (a worker too busy to answer a request-plane call in
+    time, as P is while it works through a flood) counts as not yet."""
     deadline = time.monotonic() + timeout
     while True:
-        value = pred()
+        try:
+            value = pred()
+        except TimeoutError:
+            value = None
+            if time.monotonic() > deadline:
+                raise
         if value:
             return value
         if time.monotonic() > deadline:
