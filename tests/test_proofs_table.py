@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import z3
-from leaseproto.proofs import check, table_invariants, table_model
+from leaseproto.proofs import check, table_invariants, table_model, table_parts
 from test_proofs import run_check
 
 from leaseproto.core import rules
@@ -48,7 +48,7 @@ TABLE_MUTATIONS: dict[str, tuple[Any, str, str]] = {
         "L11 preserved by expire_requeue",
     ),
     "tombstone eviction drops the newest": (
-        lambda mp: mp.setattr(table_model, "tomb_kept", _newest_dropped),
+        lambda mp: mp.setattr(table_parts, "tomb_kept", _newest_dropped),
         "L12",
         "L12.2 preserved by abort_live",
     ),
