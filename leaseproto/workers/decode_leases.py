@@ -10,48 +10,25 @@ that talks to P engines about leases; the worker supplies the state it reads
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 from ..core import wire
-from ..core.config import LeaseConfig
 from ..core.peer import first_contact
-from ..core.tracker import HeartbeatTracker
-from .decode_state import DecodeOptions, Engine, Req
-from .metrics import DecodeMetrics
+from .decode_state import Engine, Req
+from .decode_view import DecodeView
 from .notifications import DropLog, NotificationGate
-
-if TYPE_CHECKING:
-    from .backend import KVBackend
 
 __all__ = ["DecodeLeases"]
 
 log = logging.getLogger("leaseproto.decode")
 
 
-class DecodeLeases:
+class DecodeLeases(DecodeView):
     """Heartbeats and P's answers, for the decode worker."""
 
-    opts: DecodeOptions
-    config: LeaseConfig
-    tracker: HeartbeatTracker
-    backend: KVBackend
-    metrics: DecodeMetrics
-    engines: dict[str, Engine]
-    by_remote: dict[str, Req]
-    waiting: Iterable[Req]
-    running: dict[str, Req]
-    counts: dict[str, int]
     #: (P engine, its agents) -> why its lease settings do not fit ours, or None
     _lease_checked: dict[tuple[str, tuple[str, ...]], str | None]
     gate: NotificationGate
     drops: DropLog
-
-    def _clock(self) -> float:
-        raise NotImplementedError
-
-    def _malformed(self, why: str) -> None:
-        raise NotImplementedError
 
     def _kv_lost(self, req: Req, reason: str, *, abort: bool = False) -> None:
         raise NotImplementedError

@@ -27,46 +27,24 @@ started waits for its verdict, which always wins.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from ..adapters.kv_pool import LayoutError
 from ..core import wire
-from ..core.config import LeaseConfig
-from ..core.tracker import HeartbeatTracker
 from .decode_follower import Followers
-from .decode_state import DecodeOptions, Engine, Req, hello, verdict_wait
-from .metrics import DecodeMetrics
+from .decode_state import Req, hello, verdict_wait
+from .decode_view import DecodeView
 from .plane import Msg
-
-if TYPE_CHECKING:
-    from .backend import KVBackend
 
 __all__ = ["DecodeReads"]
 
 log = logging.getLogger("leaseproto.decode")
 
 
-class DecodeReads:
+class DecodeReads(DecodeView):
     """Reads, their verdicts and the capability handshake, for the decode worker."""
 
-    opts: DecodeOptions
-    config: LeaseConfig
-    tracker: HeartbeatTracker
-    backend: KVBackend
-    metrics: DecodeMetrics
     followers: Followers
-    engines: dict[str, Engine]
-    by_remote: dict[str, Req]
-    waiting: Iterable[Req]
-    running: dict[str, Req]
-    counts: dict[str, int]
-
-    def _clock(self) -> float:
-        raise NotImplementedError
-
-    def _malformed(self, why: str) -> None:
-        raise NotImplementedError
 
     def _kv_lost(self, req: Req, reason: str, *, abort: bool = False) -> None:
         raise NotImplementedError
