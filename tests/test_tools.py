@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import ast
 import inspect
+import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
@@ -44,3 +47,46 @@ def test_mutant_keys_are_unique_and_sampling_is_stable() -> None:
 def test_the_power_tool_finds_the_expire_fix_it_reverts() -> None:
     src = inspect.getsource(DeadlineQueue.take_due)
     assert src.count(random_profile_power.FIX) == 1
+
+
+def _loops_forever(out: Path) -> None:
+    import mutation_layers
+
+    mutation_layers.FLOOR["tests"] = 0.2  # this child's own copy
+    limits = mutation_layers.Limits(out, "tests", 30.0, {"a test": 0.0})
+    limits.arm("a test")
+    while True:
+        pass
+
+
+def _writes(value: int, out: Path) -> None:
+    out.write_text(json.dumps({"killed": value % 2 == 1, "value": value}))
+
+
+def test_a_unit_past_its_limit_kills_the_mutant_and_names_the_unit(tmp_path: Path) -> None:
+    import mutation_run
+
+    tasks = iter([("loop", _loops_forever, ())])
+    ((tag, res),) = list(mutation_run._jobs_loop(tasks, 1, 60.0, tmp_path))
+    assert tag == "loop"
+    assert res["killed"] is True
+    assert res["first"].startswith("timeout") and "a test" in res["first"], res
+    assert res["seconds"] < 20
+
+
+def test_the_job_loop_waits_for_a_running_task_when_its_source_says_wait(tmp_path: Path) -> None:
+    import mutation_run
+
+    done: list[int] = []
+
+    def source() -> Iterator[tuple[Any, ...]]:
+        yield 1, _writes, (1,)
+        while not done:  # the next task depends on the first one's verdict
+            yield mutation_run.WAIT
+        yield 2, _writes, (2,)
+
+    results = []
+    for tag, res in mutation_run._jobs_loop(source(), 2, 30.0, tmp_path):
+        done.append(tag)
+        results.append((tag, res["value"], res["killed"]))
+    assert results == [(1, 1, True), (2, 2, False)]

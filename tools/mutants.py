@@ -20,8 +20,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CORE = ROOT / "leaseproto" / "core"
-#: every core module with code; the first four are sampled (``--sample``)
-SAMPLED = ("table.py", "wire.py", "config.py", "specialise.py")
+#: every core module with code; those in SAMPLED are sampled (``--sample``)
+SAMPLED = ("table.py", "wire.py", "config.py", "specialise.py", "tracing.py")
 MODULES = (
     "rules.py",
     "state.py",
@@ -33,6 +33,8 @@ MODULES = (
     "peer.py",
     "events.py",
     "errors.py",
+    "deadlines.py",
+    "renewal.py",
     *SAMPLED,
 )
 SWAP_CMP: dict[type[ast.cmpop], type[ast.cmpop]] = {

@@ -5,18 +5,21 @@ and the proofs kill, each on its own?
     python tools/mutation_run.py --report mutation.jsonl      # the figures again
 
 The mutants are those of tools/mutants.py (every core module; table, wire,
-config and specialise sampled at ``--sample``). Three layers judge each one,
-each in a process of its own forked from this one (pytest, hypothesis and z3
-already imported; the mutated module is served from memory by an import hook,
-so nothing is copied and nothing on disk changes):
+config, specialise and tracing sampled at ``--sample``). Three layers judge each
+one, each in a process of its own forked from this one (pytest, hypothesis and
+z3 already imported; the mutated module is served from memory by an import hook,
+so nothing is copied and nothing on disk changes; tools/mutation_layers.py):
 
 * ``tests``: the hand-written tests of the core (``TEST_FILES``: unit tests, the
   hypothesis machines in the derandomised ``ci`` profile, the scenario replays);
 * ``checker``: the model checker on the real code, scopes ``QUICK`` of
   :mod:`leaseproto.checker.scope` (``small`` exhaustive, the others bounded);
-* ``proofs``: ``leaseproto prove`` (every obligation).
+* ``proofs``: ``leaseproto prove`` (every obligation); by default only on the
+  mutants the checker did not kill (``--every-layer``: on all), since the figure
+  asked for is what the checker and the proofs kill together.
 
-A layer kills a mutant when it fails, errs or runs past its timeout. First a
+A layer kills a mutant when it fails, errs or one of its units runs past its
+limit (``mutation_layers.unit_limit``: a multiple of the unit's baseline time). First a
 baseline runs each layer on the unmutated code under a line tracer and records
 which core lines each test, scope and the proofs execute; a layer then runs a
 mutant only with the tests (scopes) that execute one of its lines, and a mutant
@@ -27,16 +30,14 @@ Survivors are classified by hand in tools/mutation_notes.py (equivalent, with
 the reason; anything else counts against the figure).
 """
 
-# ruff: noqa: PLC0415  (the layers import what they test in the forked child, after the hook)
+# ruff: noqa: PLC0415  (pytest, hypothesis and z3 imported once in run(), before the forks)
 from __future__ import annotations
 
 import argparse
+import collections
 import ctypes
 import hashlib
-import importlib.abc
-import importlib.util
 import json
-import linecache
 import os
 import signal
 import sys
@@ -46,170 +47,11 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mutants import CORE, MODULES, ROOT, Mutant, mutants, mutated_source
+from mutants import ROOT, Mutant, mutants
+from mutation_layers import LAYERS, baseline_child, child
 
-TEST_FILES = [  # the fast ones first (a run stops at its first failure)
-    "tests/test_core_exports.py",
-    "tests/test_core_records.py",
-    "tests/test_core_edges.py",
-    "tests/test_bad_input.py",
-    "tests/test_state_table.py",
-    "tests/test_verdicts.py",
-    "tests/test_peer.py",
-    "tests/test_config.py",
-    "tests/test_clock.py",
-    "tests/test_table.py",
-    "tests/test_tracker.py",
-    "tests/test_rules_agree.py",
-    "tests/test_messages.py",
-    "tests/test_wire.py",
-    "tests/test_specialise.py",
-    "tests/test_model.py",
-    "tests/test_composed.py",
-    "tests/test_stateful.py",
-    "tests/test_replay.py",
-]
-LAYERS = ("tests", "checker", "proofs")
-
-
-class _Serve(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Serves one module's mutated source (and puts it in linecache, so that
-    ``inspect.getsource`` sees what runs)."""
-
-    def __init__(self, name: str, path: Path, source: str) -> None:
-        self.name, self.path, self.source = name, str(path), source
-        lines = source.splitlines(keepends=True)
-        linecache.cache[self.path] = (len(source), None, lines, self.path)
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname != self.name:
-            return None
-        return importlib.util.spec_from_file_location(fullname, self.path, loader=self)
-
-    def create_module(self, spec: Any) -> None:
-        return None
-
-    def exec_module(self, module: Any) -> None:
-        exec(compile(self.source, self.path, "exec", dont_inherit=True), vars(module))
-
-
-# -- the layers, run in a forked child --------------------------------------------------------
-def _run_tests(units: list[str] | None, record: dict[str, Any]) -> bool:
-    import pytest
-
-    class First:
-        def pytest_runtest_logreport(self, report: Any) -> None:
-            if report.failed and "first" not in record:
-                record["first"] = report.nodeid
-
-        def pytest_collectreport(self, report: Any) -> None:
-            if report.failed and "first" not in record:
-                record["first"] = f"collect {report.nodeid}"
-
-    args = ["-x", "-q", "-p", "no:cacheprovider", "--rootdir", str(ROOT)]
-    rc = pytest.main([*args, *(units if units is not None else TEST_FILES)], plugins=[First()])
-    record["rc"] = int(rc)
-    return int(rc) != 0
-
-
-def _run_checker(units: list[str] | None, record: dict[str, Any]) -> bool:
-    from leaseproto.checker import check
-    from leaseproto.checker.scope import QUICK
-
-    for name, scope in QUICK.items():
-        if units is not None and name not in units:
-            continue
-        res = check(scope)
-        if res.violation is not None:
-            record["first"] = f"{name}: {res.violation.inv}: {res.violation.text}"[:200]
-            return True
-    return False
-
-
-def _run_proofs(units: list[str] | None, record: dict[str, Any]) -> bool:
-    from leaseproto.proofs.check import main
-
-    rc = main([])
-    record["rc"] = rc
-    return rc != 0
-
-
-RUNNERS = {"tests": _run_tests, "checker": _run_checker, "proofs": _run_proofs}
-
-
-class _Tracer:
-    """Which core lines each unit (test id, scope, the proofs) executes."""
-
-    def __init__(self) -> None:
-        self.files = {str(CORE / m): m for m in MODULES}
-        self.unit = "<import>"
-        self.lines: dict[str, set[tuple[str, int]]] = {}
-        #: per test: when it started, then how long it took (tests run fastest first)
-        self.start: dict[str, float] = {}
-
-    def __call__(self, frame: Any, event: str, arg: Any) -> Any:
-        mod = self.files.get(frame.f_code.co_filename)
-        if mod is None:
-            return None
-        hits = self.lines.setdefault(self.unit, set())
-
-        def local(frame: Any, event: str, arg: Any) -> Any:
-            if event == "line":
-                hits.add((mod, frame.f_lineno))
-            return local
-
-        hits.add((mod, frame.f_lineno))
-        return local
-
-
-def _baseline_child(layer: str, out: Path) -> None:
-    tr = _Tracer()
-    sys.settrace(tr)
-    record: dict[str, Any] = {}
-    if layer == "tests":
-        import pytest
-
-        class Unit:
-            def pytest_runtest_setup(self, item: Any) -> None:
-                tr.unit = item.nodeid
-                tr.start[item.nodeid] = time.perf_counter()
-                sys.settrace(tr)  # a test may have replaced it
-
-            def pytest_runtest_teardown(self, item: Any) -> None:
-                started = tr.start.get(item.nodeid)  # None: skipped before our setup
-                if started is not None:
-                    tr.start[item.nodeid] = time.perf_counter() - started
-
-        rc = pytest.main(["-q", "-p", "no:cacheprovider", *TEST_FILES], plugins=[Unit()])
-        failed = int(rc) != 0
-    elif layer == "checker":
-        from leaseproto.checker import check
-        from leaseproto.checker.scope import QUICK
-
-        failed = False
-        for name, scope in QUICK.items():
-            tr.unit = name
-            failed = failed or not check(scope).ok
-    else:
-        tr.unit = "prove"
-        failed = _run_proofs(None, record)
-    sys.settrace(None)
-    cov = {u: sorted(f"{m}:{n}" for m, n in s) for u, s in tr.lines.items()}
-    out.write_text(json.dumps({"failed": failed, "cov": cov, "took": tr.start}))
-
-
-def _child(m: Mutant | None, layer: str, units: list[str] | None, out: Path) -> None:
-    if m is not None:
-        sys.meta_path.insert(
-            0, _Serve(f"leaseproto.core.{m.module[:-3]}", CORE / m.module, mutated_source(m))
-        )
-    record: dict[str, Any] = {}
-    try:
-        killed = RUNNERS[layer](units, record)
-    except BaseException as exc:  # the mutant broke the layer itself: killed
-        killed, record["first"] = True, f"{type(exc).__name__}: {exc}"[:200]
-    record["killed"] = killed
-    out.write_text(json.dumps(record))
+#: a task source yields this when it has nothing to start until a running task ends
+WAIT = ("wait",)
 
 
 def _fork(fn: Any, args: tuple[Any, ...], timeout: float, log: Path) -> int:
@@ -239,6 +81,8 @@ def _jobs_loop(
             task = next(tasks, None)
             if task is None:
                 for_more = False
+                break
+            if task is WAIT:
                 break
             tag, fn, args = task
             n += 1
@@ -307,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
     cache = Path(args.tmp) / f"baseline-{_fingerprint()}.json"
     if not args.full and cache.exists():
         base = json.loads(cache.read_text())
-    base_tasks = iter([(la, _baseline_child, (la,)) for la in LAYERS if la not in base])
+    base_tasks = iter([(la, baseline_child, (la,)) for la in LAYERS if la not in base])
     for layer, res in _jobs_loop(base_tasks, args.jobs, 3600, tmp):
         if res.get("failed") or "cov" not in res:
             print(f"baseline: layer {layer} fails on the unmutated code: {res}", file=sys.stderr)
@@ -334,29 +178,58 @@ def run(args: argparse.Namespace) -> int:
 
     layers = [la for la in LAYERS if la in (args.layers or LAYERS)]
 
+    ready: collections.deque[tuple[Any, ...]] = collections.deque()
+    waiting: set[str] = set()  # the checker's verdict decides whether the proofs run
+
+    def task(m: Mutant, layer: str) -> tuple[Any, ...] | None:
+        units = _select(m, base, layer)
+        if units == []:
+            results[m.key][layer] = {"killed": False, "reached": False}
+            return None
+        took = base[layer]["took"] if base.get(layer) else {}
+        return (m.key, layer), child, (m, layer, units, took, args.timeout)
+
     def tasks() -> Iterator[tuple[Any, ...]]:
         for m in ms:
+            while ready:
+                yield ready.popleft()
             for layer in layers:
-                units = _select(m, base, layer)
-                if units == []:
-                    results[m.key][layer] = {"killed": False, "reached": False}
-                    continue
-                yield (m.key, layer), _child, (m, layer, units)
+                if layer == "proofs" and "checker" in layers and not args.every_layer:
+                    if "checker" not in results[m.key]:
+                        waiting.add(m.key)  # queued when the checker's verdict comes
+                        continue
+                    if results[m.key]["checker"]["killed"]:
+                        results[m.key]["proofs"] = {"killed": False, "skipped": True}
+                        continue
+                t = task(m, layer)
+                if t is not None:
+                    yield t
+        while ready or waiting:
+            yield ready.popleft() if ready else WAIT
+
+    def finished(key: str) -> None:
+        m = by_key[key]
+        row = {"key": key, "where": m.where(), "what": m.what, **results.pop(key)}
+        fh.write(json.dumps(row) + "\n")
+        fh.flush()
+        tag = ",".join(k for k in layers if row[k]["killed"]) or "SURVIVED"
+        print(f"{m.where()} {m.what}: {tag}", flush=True)
 
     with out.open("a") as fh:
-        for (key, layer), res in _jobs_loop(tasks(), args.jobs, args.timeout, tmp):
+        for (key, layer), res in _jobs_loop(tasks(), args.jobs, args.timeout + 30, tmp):
             results[key][layer] = {**res, "reached": True}
+            if layer == "checker" and key in waiting:
+                waiting.discard(key)
+                if res["killed"]:
+                    results[key]["proofs"] = {"killed": False, "skipped": True}
+                else:
+                    t = task(by_key[key], "proofs")
+                    if t is not None:
+                        ready.append(t)
             if len(results[key]) == len(layers):
-                m = by_key[key]
-                row = {"key": key, "where": m.where(), "what": m.what, **results.pop(key)}
-                fh.write(json.dumps(row) + "\n")
-                fh.flush()
-                tag = ",".join(k for k in layers if row[k]["killed"]) or "SURVIVED"
-                print(f"{m.where()} {m.what}: {tag}", flush=True)
-        for key, res in results.items():  # not reached by any layer: never yielded
-            if len(res) == len(layers):
-                m = by_key[key]
-                fh.write(json.dumps({"key": key, "where": m.where(), "what": m.what, **res}) + "\n")
+                finished(key)
+        for key in [k for k, res in results.items() if len(res) == len(layers)]:
+            finished(key)  # every layer settled without a run (not reached, skipped)
     print(f"run time {time.perf_counter() - t0:.0f} s", flush=True)
     report(out)
     return 0
@@ -388,7 +261,9 @@ def report(path: Path, markdown: bool = False) -> None:
     print(f"  checker + proofs alone: {len(formal)} ({pct(len(formal), non_eq)})")
     for la in ("checker", "proofs"):
         n = sum(rows[k][la]["killed"] for k in rows)
-        print(f"    {la}: {n} ({pct(n, non_eq)})")
+        skipped = sum(bool(rows[k][la].get("skipped")) for k in rows)
+        after = f"; not run on the {skipped} the checker killed" if skipped else ""
+        print(f"    {la}: {n} ({pct(n, non_eq)}{after})")
     print(f"  killed by checker or proofs and by no unit test: {len(only_formal)}")
     per_mod: dict[str, list[int]] = {}
     for k in rows:
@@ -417,7 +292,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--sample", type=float, default=0.5, help="share of the sampled modules run")
-    ap.add_argument("--timeout", type=float, default=180.0, help="seconds per layer and mutant")
+    ap.add_argument(
+        "--timeout",
+        type=float,
+        default=180.0,
+        help="seconds per layer and mutant (each unit has its own, smaller limit)",
+    )
     ap.add_argument("--rate", type=float, default=1.0, help="run this stable share of all mutants")
     ap.add_argument("--limit", type=int, default=None, help="run only the first N mutants")
     ap.add_argument("--module", action="append", help="only these core modules")
@@ -428,6 +308,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tmp", default="/tmp/leaseproto-mutation")
     ap.add_argument(
         "--full", action="store_true", help="no baseline: every test and scope for each mutant"
+    )
+    ap.add_argument(
+        "--every-layer",
+        action="store_true",
+        help="run the proofs on mutants the checker killed too (default: skip them)",
     )
     ap.add_argument("--report", metavar="JSONL", help="only print the figures of a run")
     ap.add_argument("--markdown", action="store_true", help="--report's survivors as a table")

@@ -1,0 +1,261 @@
+"""The three layers of the mutation run (tools/mutation_run.py), as they run in a
+forked child: the import hook that serves a mutated module, the runners, the
+baseline's line tracer, and each unit's time limit.
+
+A unit (one test, one checker scope, the proofs) that runs past its limit kills
+the mutant: the limit is a multiple of that unit's own time in the baseline
+(which ran under the line tracer, itself several times slower), so only a mutant
+that loops or slows a unit by an order of magnitude reaches it. A process-wide
+CPU limit backs it up for a hang the interpreter cannot interrupt.
+"""
+
+# ruff: noqa: PLC0415  (the layers import what they test in the child, after the hook)
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import json
+import linecache
+import os
+import resource
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from mutants import CORE, MODULES, ROOT, Mutant, mutated_source
+
+TEST_FILES = [  # the fast ones first (a run stops at its first failure)
+    "tests/test_core_exports.py",
+    "tests/test_core_records.py",
+    "tests/test_core_edges.py",
+    "tests/test_bad_input.py",
+    "tests/test_state_table.py",
+    "tests/test_verdicts.py",
+    "tests/test_peer.py",
+    "tests/test_config.py",
+    "tests/test_clock.py",
+    "tests/test_table.py",
+    "tests/test_tracker.py",
+    "tests/test_rules_agree.py",
+    "tests/test_messages.py",
+    "tests/test_wire.py",
+    "tests/test_specialise.py",
+    "tests/test_hot_paths.py",
+    "tests/test_model.py",
+    "tests/test_composed.py",
+    "tests/test_stateful.py",
+    "tests/test_replay.py",
+]
+LAYERS = ("tests", "checker", "proofs")
+#: a unit's limit: FACTOR times its traced baseline time, and never under FLOOR seconds
+FACTOR = {"tests": 10.0, "checker": 6.0, "proofs": 4.0}
+FLOOR = {"tests": 10.0, "checker": 10.0, "proofs": 30.0}
+
+
+def unit_limit(layer: str, took: float | None) -> float:
+    return max(FLOOR[layer], FACTOR[layer] * (took or 0.0))
+
+
+class _Serve(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Serves one module's mutated source (and puts it in linecache, so that
+    ``inspect.getsource`` sees what runs)."""
+
+    def __init__(self, name: str, path: Path, source: str) -> None:
+        self.name, self.path, self.source = name, str(path), source
+        lines = source.splitlines(keepends=True)
+        linecache.cache[self.path] = (len(source), None, lines, self.path)
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != self.name:
+            return None
+        return importlib.util.spec_from_file_location(fullname, self.path, loader=self)
+
+    def create_module(self, spec: Any) -> None:
+        return None
+
+    def exec_module(self, module: Any) -> None:
+        exec(compile(self.source, self.path, "exec", dont_inherit=True), vars(module))
+
+
+class Limits:
+    """The child's timer: each unit armed with its own limit, the layer's as the
+    outer one. On expiry the child writes its verdict (killed: timeout) and exits."""
+
+    def __init__(self, out: Path, layer: str, total: float, took: dict[str, float]) -> None:
+        self.out, self.layer, self.took = out, layer, took
+        self.end = time.monotonic() + total
+        self.what = f"the {layer} layer"
+        self.limit = total
+        signal.signal(signal.SIGALRM, self._expired)
+        cpu = int(total) + 10  # the backstop: SIGXCPU ends a hang in C code
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))
+        self.disarm()
+
+    def _expired(self, signum: int, frame: Any) -> None:
+        record = {"killed": True, "first": f"timeout ({self.limit:.0f} s): {self.what}"[:200]}
+        self.out.write_text(json.dumps(record))
+        os._exit(0)
+
+    def arm(self, unit: str) -> None:
+        self.what = unit
+        self.limit = min(unit_limit(self.layer, self.took.get(unit)), self._left())
+        signal.setitimer(signal.ITIMER_REAL, self.limit)
+
+    def disarm(self) -> None:
+        self.what = f"the {self.layer} layer"
+        self.limit = self._left()
+        signal.setitimer(signal.ITIMER_REAL, self.limit)
+
+    def _left(self) -> float:
+        return max(self.end - time.monotonic(), 0.01)
+
+
+# -- the layers --------------------------------------------------------------------------------
+def _run_tests(units: list[str] | None, record: dict[str, Any], limits: Limits | None) -> bool:
+    import pytest
+
+    class First:
+        def pytest_runtest_logstart(self, nodeid: str, location: Any) -> None:
+            if limits is not None:
+                limits.arm(nodeid)
+
+        def pytest_runtest_logfinish(self, nodeid: str, location: Any) -> None:
+            if limits is not None:
+                limits.disarm()
+
+        def pytest_runtest_logreport(self, report: Any) -> None:
+            if report.failed and "first" not in record:
+                record["first"] = report.nodeid
+
+        def pytest_collectreport(self, report: Any) -> None:
+            if report.failed and "first" not in record:
+                record["first"] = f"collect {report.nodeid}"
+
+    args = ["-x", "-q", "-p", "no:cacheprovider", "--rootdir", str(ROOT)]
+    rc = pytest.main([*args, *(units if units is not None else TEST_FILES)], plugins=[First()])
+    record["rc"] = int(rc)
+    return int(rc) != 0
+
+
+def _run_checker(units: list[str] | None, record: dict[str, Any], limits: Limits | None) -> bool:
+    from leaseproto.checker import check
+    from leaseproto.checker.scope import QUICK
+
+    for name, scope in QUICK.items():
+        if units is not None and name not in units:
+            continue
+        if limits is not None:
+            limits.arm(name)
+        res = check(scope)
+        if limits is not None:
+            limits.disarm()
+        if res.violation is not None:
+            record["first"] = f"{name}: {res.violation.inv}: {res.violation.text}"[:200]
+            return True
+    return False
+
+
+def _run_proofs(units: list[str] | None, record: dict[str, Any], limits: Limits | None) -> bool:
+    from leaseproto.proofs.check import main
+
+    if limits is not None:
+        limits.arm("prove")
+    rc = main([])
+    record["rc"] = rc
+    return rc != 0
+
+
+RUNNERS = {"tests": _run_tests, "checker": _run_checker, "proofs": _run_proofs}
+
+
+class _Tracer:
+    """Which core lines each unit (test id, scope, the proofs) executes."""
+
+    def __init__(self) -> None:
+        self.files = {str(CORE / m): m for m in MODULES}
+        self.unit = "<import>"
+        self.lines: dict[str, set[tuple[str, int]]] = {}
+
+    def __call__(self, frame: Any, event: str, arg: Any) -> Any:
+        mod = self.files.get(frame.f_code.co_filename)
+        if mod is None:
+            return None
+        hits = self.lines.setdefault(self.unit, set())
+
+        def local(frame: Any, event: str, arg: Any) -> Any:
+            if event == "line":
+                hits.add((mod, frame.f_lineno))
+            return local
+
+        hits.add((mod, frame.f_lineno))
+        return local
+
+
+def baseline_child(layer: str, out: Path) -> None:
+    """Runs ``layer`` on the unmutated code under the tracer; writes each unit's
+    lines and how long it took."""
+    tr = _Tracer()
+    took: dict[str, float] = {}
+    sys.settrace(tr)
+    record: dict[str, Any] = {}
+    if layer == "tests":
+        import pytest
+
+        class Unit:
+            def pytest_runtest_setup(self, item: Any) -> None:
+                tr.unit = item.nodeid
+                took[item.nodeid] = time.perf_counter()
+                sys.settrace(tr)  # a test may have replaced it
+
+            def pytest_runtest_teardown(self, item: Any) -> None:
+                started = took.get(item.nodeid)  # None: skipped before our setup
+                if started is not None:
+                    took[item.nodeid] = time.perf_counter() - started
+
+        rc = pytest.main(["-q", "-p", "no:cacheprovider", *TEST_FILES], plugins=[Unit()])
+        failed = int(rc) != 0
+    elif layer == "checker":
+        from leaseproto.checker import check
+        from leaseproto.checker.scope import QUICK
+
+        failed = False
+        for name, scope in QUICK.items():
+            tr.unit = name
+            started = time.perf_counter()
+            failed = failed or not check(scope).ok
+            took[name] = time.perf_counter() - started
+    else:
+        tr.unit = "prove"
+        started = time.perf_counter()
+        failed = _run_proofs(None, record, None)
+        took["prove"] = time.perf_counter() - started
+    sys.settrace(None)
+    cov = {u: sorted(f"{m}:{n}" for m, n in s) for u, s in tr.lines.items()}
+    out.write_text(json.dumps({"failed": failed, "cov": cov, "took": took}))
+
+
+def child(  # noqa: PLR0917  (called positionally by the runner's fork)
+    m: Mutant | None,
+    layer: str,
+    units: list[str] | None,
+    took: dict[str, float],
+    timeout: float,
+    out: Path,
+) -> None:
+    """Runs ``layer`` on mutant ``m`` (its ``units`` only; None: all); writes the verdict."""
+    if m is not None:
+        sys.meta_path.insert(
+            0, _Serve(f"leaseproto.core.{m.module[:-3]}", CORE / m.module, mutated_source(m))
+        )
+    record: dict[str, Any] = {}
+    limits = Limits(out, layer, timeout, took)
+    try:
+        killed = RUNNERS[layer](units, record, limits)
+    except BaseException as exc:  # the mutant broke the layer itself: killed
+        killed, record["first"] = True, f"{type(exc).__name__}: {exc}"[:200]
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    record["killed"] = killed
+    out.write_text(json.dumps(record))
