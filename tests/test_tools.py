@@ -90,3 +90,20 @@ def test_the_job_loop_waits_for_a_running_task_when_its_source_says_wait(tmp_pat
         done.append(tag)
         results.append((tag, res["value"], res["killed"]))
     assert results == [(1, 1, True), (2, 2, False)]
+
+
+def test_a_module_level_mutant_runs_every_test_also_those_that_execute_no_core_line() -> None:
+    import mutation_run
+
+    ms = mutants.mutants(1.0, modules=("errors.py",))
+    at_import = next(m for m in ms if not m.in_body)
+    in_body = next(m for m in ms if m.in_body)
+    lines = [f"errors.py:{n}" for n in range(in_body.line, in_body.end_line + 1)]
+    base = {
+        "tests": {
+            "cov": {"<import>": {"errors.py:1"}, "t_runs_it": set(lines), "t_other": set()},
+            "took": {"t_runs_it": 2.0, "t_other": 1.0, "t_reads_all": 0.5},
+        }
+    }
+    assert mutation_run._select(at_import, base, "tests") == ["t_reads_all", "t_other", "t_runs_it"]
+    assert mutation_run._select(in_body, base, "tests") == ["t_runs_it"]

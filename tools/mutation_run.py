@@ -116,7 +116,10 @@ def _select(m: Mutant, base: dict[str, Any], layer: str) -> list[str] | None:
     else:
         want = {f"{m.module}:{n}" for n in range(m.line, m.end_line + 1)}
     cov, took = base[layer]["cov"], base[layer]["took"]
-    units = [u for u, lines in cov.items() if u != "<import>" and (want is None or want & lines)]
+    if want is None:  # every test, also those that run no core line (they read attributes)
+        units = sorted(set(took) | (set(cov) - {"<import>"}))
+    else:
+        units = [u for u, lines in cov.items() if u != "<import>" and want & lines]
     return sorted(units, key=lambda u: took.get(u, 0.0)) if layer == "tests" else units
 
 
