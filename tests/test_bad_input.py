@@ -11,7 +11,7 @@ import math
 import pytest
 
 from leaseproto import HeartbeatTracker, LeaseConfig, LeaseTable, LocalProtocolError, wire
-from leaseproto.core.checks import check_wire_id
+from leaseproto.core.checks import check_count, check_wire_id
 
 BAD_NOW = [math.nan, math.inf, -math.inf]
 
@@ -155,6 +155,13 @@ def test_check_wire_id_returns_the_id_it_accepts_plain_or_not(rid: str) -> None:
     """The fast path (``wire.plain_id``: ASCII) and the full check (any other
     valid id) both hand the id back."""
     assert check_wire_id(rid, 512) == rid
+
+
+@pytest.mark.parametrize("value", [1, 3, 7])
+def test_check_count_returns_the_count_it_accepts(value: int) -> None:
+    assert check_count("readers", value, 7) == value
+    with pytest.raises(LocalProtocolError, match="readers=8"):
+        check_count("readers", 8, 7)
 
 
 def test_an_id_both_malformed_and_too_long_is_refused_for_the_malformation() -> None:

@@ -5,6 +5,7 @@ sample is kept only when it is tighter."""
 from __future__ import annotations
 
 import dataclasses
+import typing
 from dataclasses import asdict
 
 import pytest
@@ -52,3 +53,22 @@ def test_every_event_is_frozen_and_slotted() -> None:
         params = cls.__dataclass_params__  # type: ignore[attr-defined]
         assert params.frozen, f"{name} is not frozen"
         assert "__slots__" in vars(cls) and "__dict__" not in dir(cls), f"{name} has no slots"
+
+
+def test_every_wire_message_is_frozen_and_hashable() -> None:
+    from leaseproto.core import wire
+
+    messages = [
+        wire.Heartbeat(("a", "b")),
+        wire.TransferDone("a", 2),
+        wire.Abort("a"),
+        wire.Ok("a"),
+        wire.Nack("a", "expired"),
+        wire.LeaseLost("a", "unknown"),
+    ]
+    assert {type(m) for m in messages} == set(typing.get_args(wire.Message))
+    for message in messages:
+        field = dataclasses.fields(message)[0].name
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(message, field, getattr(message, field))
+        assert hash(message) == hash(dataclasses.replace(message))

@@ -92,6 +92,37 @@ def test_decode_rejects_non_bytes() -> None:
         wire.decode("HB:a")  # type: ignore[arg-type]
 
 
+_LONG = b"x" * 200
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"\xff" + _LONG,  # not UTF-8
+        b"NK:late:" + _LONG,  # bad nack reason
+        b"LL:late:" + _LONG,  # bad lease-lost reason
+        _LONG,  # no form at all
+        _LONG + b":1.5",  # bad transfer-done count
+        _LONG + b":0",  # count out of range
+    ],
+)
+def test_a_malformed_message_s_error_quotes_only_its_first_64_bytes(payload: bytes) -> None:
+    """A worker logs these errors for whatever a peer sent: the quote is bounded."""
+    with pytest.raises(MalformedMessage) as info:
+        wire.decode(payload)
+    assert str(info.value).endswith(repr(payload[:64])), str(info.value)
+
+
+@pytest.mark.parametrize("max_bytes", [-1, 0, len(wire.HEARTBEAT_PREFIX)])
+def test_a_heartbeat_size_with_no_room_for_an_id_is_refused_with_or_without_ids(
+    max_bytes: int,
+) -> None:
+    for ids in ([], ["a"], ["cmpl-1", "cmpl-2"]):
+        with pytest.raises(ValueError, match="leaves no room for an id"):
+            wire.encode_heartbeat(ids, max_bytes=max_bytes)
+    assert wire.encode_heartbeat(["a"], max_bytes=len(wire.HEARTBEAT_PREFIX) + 1) == [b"HB:a"]
+
+
 @given(st.binary(max_size=200))
 def test_decode_raises_nothing_but_malformed_on_arbitrary_bytes(data: bytes) -> None:
     try:

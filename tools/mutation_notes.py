@@ -29,4 +29,26 @@ EQUIVALENT: dict[str, str] = {
         "one wherever the loop uses it (only when it applies); tests/test_specialise.py proves "
         "either equal to the rule"
     ),
+    # -- tracker.py --
+    "tracker.py:HeartbeatTracker.due:LtE -> Lt:self._last_now <= now < self._next_at#0": _FAST_PATH
+    + " (`now == last` then takes `_clock(now)`, which accepts it, and the scan finds nothing "
+    "due below the threshold, the rule being monotone, so it returns `{}` and leaves the "
+    "counters as the fast path does; `_next_at` is derived again, which only moves the bound up)",
+    "tracker.py:HeartbeatTracker._threshold:return None:return math.inf#0": _FAST_PATH
+    + " (with no engine the threshold becomes None, so `last <= now < None` raises TypeError "
+    "and `due` takes the slow path, which scans no engine and returns `{}`; every `now` the "
+    "fast path accepts is one `_clock` accepts: `_last_now` is finite after any `due` that "
+    "set the threshold; the checker's fingerprint keeps None as it kept inf: one value a state)",
+    "tracker.py:HeartbeatTracker._new_engine:constant 1 -> 2:1#0": "the order counter is "
+    "read only as the sort key of `due` (`self._order.__getitem__`) and, in the checker's "
+    "fingerprint, as ranks; counting by 2 keeps every engine's rank, so the same order",
+    "tracker.py:_Requests.__init__:statement deleted:super().__init__()#0": "`dict.__init__()` "
+    "with no arguments adds nothing: `dict.__new__` already made the mapping, empty, and "
+    "`__slots__` gives `engine` its slot without any base initialiser",
+    "tracker.py:HeartbeatTracker.payloads:Lt -> LtE:room < 1#0": "with `room == 1` the "
+    "mutant hands the ids to `wire.encode_heartbeat`, which is the shortcut's reference: for "
+    "the ids `payloads` takes (one engine's list from `due`, each checked by `track`) both "
+    "give the same bytes (tests/test_hot_paths.py compares them on every `max_bytes` from -2 "
+    "to 260, room 1 included: one 1-byte id a message, longer ids the same ValueError); only "
+    "ids that `track` refuses, for which `payloads` promises nothing, tell them apart",
 }
