@@ -36,11 +36,31 @@ def test_every_table_input_refuses_a_non_finite_now(now: float) -> None:
         lambda: t.transfer_done("a", now=now),
         lambda: t.abort("a", now=now),
         lambda: t.expire(now=now),
+        lambda: t.renew_heartbeat(b"HB:a", now=now),
     ):
         with pytest.raises(LocalProtocolError, match="finite"):
             call()
     assert t.deadline("a") == 31.0 and t.lease_info("a")["done"] == 0  # type: ignore[index]
     assert [r.req_id for r in t.expire(now=31.0)] == ["a"]
+
+
+@pytest.mark.parametrize("now", BAD_NOW)
+def test_a_fresh_table_refuses_a_non_finite_now_as_its_first_input(now: float) -> None:
+    # the clock starts at -inf: the first call's check must still refuse now=-inf
+    # (renew_heartbeat checks the clock inline, not through advance())
+    t = LeaseTable()
+    for call in (
+        lambda: t.renew_heartbeat(b"HB:a", now=now),
+        lambda: t.renew(["a"], now=now),
+        lambda: t.transfer_done("a", now=now),
+        lambda: t.abort("a", now=now),
+        lambda: t.expire(now=now),
+    ):
+        with pytest.raises(LocalProtocolError, match="finite"):
+            call()
+    assert t.stats == LeaseTable().stats  # nothing counted, nothing staged
+    assert t.renew_heartbeat(b"HB:a", now=0.0) == ["a"]
+    assert t.stats.renew_unknown == 1
 
 
 @pytest.mark.parametrize("now", BAD_NOW)

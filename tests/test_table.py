@@ -11,6 +11,7 @@ from leaseproto import (
     ReleaseReason,
     TransferCounted,
 )
+from leaseproto.core.deadlines import DeadlineQueue
 
 CFG = LeaseConfig()  # 30 s lease, 5 s interval, 20 s extension
 
@@ -243,6 +244,74 @@ def test_many_ended_leases_do_not_grow_the_queue_without_bound() -> None:
         t.transfer_done(f"r{i}", now=float(i))
     assert len(t._queue) <= 1024 + 1  # compacted
     assert t.expire(now=10_000.0) == []
+
+
+def _check_queue(t: LeaseTable) -> None:
+    """The deadline queue's invariants: each live lease has exactly one entry, queued at
+    or before its deadline (renewals only move it later); ``stale`` counts the entries
+    of leases that left the table (what compaction is decided on)."""
+    entries = list(t._queue.entries())
+    live = t._leases
+    mine = [(d, lease) for d, lease in entries if live.get(lease.req_id) is lease]
+    assert sorted(lease.req_id for _, lease in mine) == sorted(live)
+    assert all(d <= lease.deadline for d, lease in mine)
+    assert t._queue.stale == len(entries) - len(mine)
+
+
+def test_the_deadline_queue_is_slotted() -> None:
+    # one per table, cloned per branch by the checker: no per-instance dict, and a
+    # mistyped counter (the table sets ``stale`` from outside) raises
+    q = DeadlineQueue()
+    assert not hasattr(q, "__dict__")
+    with pytest.raises(AttributeError):
+        q.stal = 1  # type: ignore[attr-defined]
+
+
+def test_the_queue_s_stale_count_is_its_entries_of_ended_leases() -> None:
+    t = table()
+    for rid in "abcd":
+        t.grant(rid, now=0.0)  # one deadline, 30: the queue's order is a, b, c, d
+    t.grant("e", now=1.0)
+    t.abort("a", now=2.0)
+    t.transfer_done("c", now=2.0)
+    _check_queue(t)  # two stale entries
+    assert t.next_deadline() == 30.0  # drops a's entry, stops at b's
+    _check_queue(t)
+    assert [r.req_id for r in t.expire(now=30.0)] == ["b", "d"]  # drops c's
+    _check_queue(t)
+    assert t._queue.stale == 0 and len(t._queue) == 1
+
+
+def test_a_renewed_lease_met_by_next_deadline_is_released_once() -> None:
+    # next_deadline queues a again at its renewed deadline and drops its old entry
+    t = table()
+    t.grant("a", now=0.0)
+    t.grant("b", now=0.0)  # both queued at 30, a first
+    t.renew(["a"], now=15.0)  # a -> 35
+    assert t.next_deadline() == 30.0
+    _check_queue(t)
+    assert [r.req_id for r in t.expire(now=30.0)] == ["b"]
+    _check_queue(t)
+    assert t.next_deadline() == 35.0
+    assert [r.req_id for r in t.expire(now=35.0)] == ["a"]
+    assert len(t) == 0 and len(t._queue) == 0 and t.next_deadline() is None
+
+
+def test_the_queue_is_compacted_once_stale_entries_outnumber_the_live_by_1024() -> None:
+    # compaction walks the whole queue: it waits until the stale entries are more than
+    # the live leases plus 1024, so its cost is spread over that many ends
+    t = table()
+    for i in range(10):
+        t.grant(f"live{i}", now=0.0)
+    for i in range(10 + 1024):
+        t.grant(f"x{i}", now=0.0)
+        t.abort(f"x{i}", now=0.0)
+    assert len(t._queue) == 10 + 10 + 1024 and t._queue.stale == 10 + 1024  # not yet
+    t.grant("last", now=0.0)
+    t.abort("last", now=0.0)  # one more: compacted
+    assert len(t._queue) == 10 and t._queue.stale == 0
+    _check_queue(t)
+    assert len(t.expire(now=30.0)) == 10
 
 
 # -- transfer-done ------------------------------------------------------------------------
