@@ -1,13 +1,15 @@
 """Edges of the core's small helpers that the mutation run found unpinned: the
-rule helpers on plain values with any number of operands, and a heartbeat of
+rule helpers on plain values with any number of operands and beside a z3 term, and a heartbeat of
 non-ASCII ids that fills its message exactly."""
 
 from __future__ import annotations
 
 import itertools
 
+import pytest
+
 from leaseproto.core import wire
-from leaseproto.core.sym import conj, disj
+from leaseproto.core.sym import conj, disj, neg
 
 
 def test_conj_and_disj_on_plain_bools_with_any_number_of_operands() -> None:
@@ -15,6 +17,26 @@ def test_conj_and_disj_on_plain_bools_with_any_number_of_operands() -> None:
         for conds in itertools.product([False, True], repeat=n):
             assert conj(*conds) is all(conds), conds
             assert disj(*conds) is any(conds), conds
+
+
+def test_neg_on_plain_bools_is_a_plain_bool() -> None:
+    assert neg(True) is False
+    assert neg(False) is True
+
+
+def test_conj_and_disj_of_a_symbolic_and_a_plain_operand_build_the_z3_term() -> None:
+    """Either operand order: a plain bool beside a z3 term gives the z3 ``And``/``Or``
+    (never Python's ``and``, which would ask the term for its truth value)."""
+    z3 = pytest.importorskip("z3")
+    x = z3.Bool("x")
+    for plain in (True, False):
+        for conds in ((x, plain), (plain, x)):
+            for helper, want in ((conj, z3.And(x, plain)), (disj, z3.Or(x, plain))):
+                term = helper(*conds)
+                assert z3.is_expr(term), (helper.__name__, conds)
+                s = z3.Solver()
+                s.add(term != want)
+                assert s.check() == z3.unsat, (helper.__name__, conds)
 
 
 def test_a_heartbeat_of_non_ascii_ids_fills_its_message_exactly() -> None:

@@ -288,3 +288,34 @@ def test_the_printer_parenthesises_by_precedence() -> None:
         for va, vb, vc in itertools.product([False, True], repeat=3):
             env = {"a": va, "b": vb, "c": vc}
             assert eval(src, {}, env) == eval(want, {}, env), (want, src)
+
+
+def test_simplify_folds_a_rule_with_every_variable_known_to_the_rule_s_own_value() -> None:
+    """Constants fold with Python's own operators: the tree of a rule, every
+    variable given, folds to exactly what the rule returns on those floats."""
+    from leaseproto.core.tracing import simplify, trace
+
+    cases: list[tuple[Callable[..., Any], dict[str, float]]] = [
+        (R.aged_uncertainty, {"uncertainty": 0.004, "age": 30.0, "rho": 1e-4}),
+        (R.aged_uncertainty, {"uncertainty": 0.0, "age": 1.5, "rho": 0.25}),
+        (R.read_allowed, {"d": 10.0, "now": 7.0, "off": 0.5, "u": 0.25, "m": 2.0}),
+        (R.read_allowed, {"d": 10.0, "now": 7.5, "off": 0.5, "u": 0.25, "m": 2.0}),
+        (R.heartbeat_due, {"last": 1.0, "now": 3.0, "interval": 2.0}),
+        (R.heartbeat_due, {"last": 1.0, "now": 2.5, "interval": 2.0}),
+    ]
+    for rule, values in cases:
+        tree = trace(rule, *values)
+        folded = simplify(tree, {("var", k): v for k, v in values.items()})
+        assert folded.op == "const", (rule.__name__, values)
+        assert folded.args[0] == rule(*values.values()), (rule.__name__, values)
+
+
+def test_assume_gives_a_variable_a_value_only_from_an_equality_with_a_constant() -> None:
+    from leaseproto.core.tracing import assume, simplify, trace
+
+    x_plus_one = trace(lambda x: x + 1, "x")
+    # under x == 1, x + 1 folds to 2
+    assert simplify(x_plus_one, assume(trace(lambda x: x == 1, "x"))).key == ("const", 2)
+    # x == y and x == y + 1 give x no constant: x + 1 is left as it is
+    for cond in (trace(lambda x, y: x == y, "x", "y"), trace(lambda x, y: x == y + 1, "x", "y")):
+        assert simplify(x_plus_one, assume(cond)).key == x_plus_one.key

@@ -51,4 +51,18 @@ EQUIVALENT: dict[str, str] = {
     "give the same bytes (tests/test_hot_paths.py compares them on every `max_bytes` from -2 "
     "to 260, room 1 included: one 1-byte id a message, longer ids the same ValueError); only "
     "ids that `track` refuses, for which `payloads` promises nothing, tell them apart",
+    # -- rules.py --
+    "rules.py:<module>:constant 1 -> 2:1#0": "`NO_ROW = -1` -> `-2`: NO_ROW only has to be no "
+    "state (LeaseState is 0..4), and -2 is none either; every use compares with the name "
+    "(`next_state`'s ite chain yields it, proofs/check.py's L0 and tests/test_rules_agree.py "
+    "expect `R.NO_ROW`; the runtime's lookup raises KeyError instead), so the terms differ only in "
+    "that constant, on both sides of each comparison, and every obligation and test reads the same",
+    "rules.py:abort_state:constant True -> False:True#0": "`next_state(state, RECV_ABORT, "
+    "False)`: the guard is read only for a row whose guard is not `Guard.ALWAYS` (both the "
+    "lookup and the ite chain return `t.target` for ALWAYS without looking at it), and every "
+    "RECV_ABORT row of TRANSITIONS is ALWAYS (an abort is unconditional, spec §8.4)",
+    # -- events.py --
+    "events.py:make_releases:constant True -> False:True#0": "`zip(..., strict=False)`: the "
+    "zip transposes the 4-tuples that one `attrgetter` of four fields returns, one per lease, "
+    "so its iterables always have the same length (4) and `strict` never raises",
 }
