@@ -88,6 +88,38 @@ def test_stats_count_heartbeats_and_ids() -> None:
     assert (s.heartbeats, s.heartbeat_ids, s.live, s.engines, s.tracked) == (2, 4, 2, 1, 2)
 
 
+def test_stats_split_what_was_tracked_into_untracked_dropped_and_live() -> None:
+    t = HeartbeatTracker(CFG)
+    for k in range(4):
+        t.track(f"d{k}", engine_id="P0" if k < 3 else "P1", now=0.0)
+    t.untrack("d0")
+    assert t.drop_engine("P0") == ["d1", "d2"]
+    s = t.stats
+    assert (s.tracked, s.untracked, s.dropped, s.live, s.engines) == (4, 1, 2, 1, 1)
+    assert s.tracked == s.untracked + s.dropped + s.live
+
+
+def _holding(t: HeartbeatTracker, engine: str) -> list[str]:
+    """The tracker's maps that still have ``engine`` as a key."""
+    return [name for name, v in vars(t).items() if isinstance(v, dict) and engine in v]
+
+
+def test_a_forgotten_engine_leaves_nothing_behind() -> None:
+    """Engines come and go for the life of a D worker: what the tracker keeps per
+    engine must go with the engine's last request (untrack) or with the engine
+    (drop_engine), or the tracker grows without bound."""
+    t = HeartbeatTracker(CFG)
+    for k in range(3):
+        t.track(f"d{k}", engine_id=f"P{k}", now=0.0)
+    assert all(_holding(t, f"P{k}") for k in range(3))
+    t.due(now=0.0, pending={"P2"})  # P0, P1 sent to; P2 still waiting for its first
+    t.untrack("d0")
+    assert t.drop_engine("P1") == ["d1"]
+    t.untrack("d2")
+    assert t.engines() == []
+    assert {f"P{k}": _holding(t, f"P{k}") for k in range(3)} == {"P0": [], "P1": [], "P2": []}
+
+
 def test_next_due_is_minus_inf_for_a_new_engine() -> None:
     t = HeartbeatTracker(CFG)
     t.track("d1", engine_id="P0", now=0.0)
