@@ -42,6 +42,14 @@ class TableStats:
 
 
 class Lease:
+    """A live lease on P (the table's record of it).
+
+    ``state`` is the rules' input while the lease is in the table. A lease that
+    ends leaves the table, and its end is kept in the table's tombstone: the
+    record is not written again (nothing reads it: a queue entry still pointing
+    at it is recognised as stale by identity, ``live.get(req_id) is not lease``).
+    """
+
     __slots__ = (
         "cap_at",
         "consumers",

@@ -32,7 +32,7 @@ class Renewals:
     _c: dict[str, int]
     _last_now: float
     _renew_loop: Callable[..., int] | None
-    _renew_rule: Callable[..., tuple[bool, float]]
+    _renew_rule: Callable[..., tuple[bool, float]]  # the rule _renew_loop was built from
 
     def _clock(self, now: float) -> None:
         raise NotImplementedError

@@ -35,7 +35,6 @@ __all__ = ["LeaseTable", "TableStats"]
 _STATE = attrgetter("state")
 _DEADLINE = attrgetter("deadline")
 _REQ_ID = attrgetter("req_id")
-_SET_STATE: Callable[[Lease, int], None] = getattr(Lease, "state").__set__  # noqa: B009
 _consume: Callable[[Iterable[object]], None] = deque[object](maxlen=0).extend
 
 _REASON = {
@@ -64,8 +63,7 @@ class LeaseTable(Renewals):
         self._last_now = FIRST_NOW
         self._c = dict.fromkeys((f.name for f in fields(TableStats)), 0)
         # the loops generated from the rules (specialise), dropped when a rule is rebound
-        self._renew_loop: Callable[..., int] | None = None
-        self._renew_rule = R.renew_rule
+        self._renew_loop: Callable[..., int] | None = None  # and _renew_rule, set with it
         self._expire_one: Callable[..., int | None] | None = None
         self._tomb: tuple[int, float] = (R.ABSENT, -math.inf)
         R.watch(self)
@@ -79,7 +77,6 @@ class LeaseTable(Renewals):
 
     def _end(self, lease: Lease, state: int, now: float) -> Release:
         del self._leases[lease.req_id]
-        lease.state = state
         tomb = self._tomb
         if tomb[0] != state or tomb[1] is not now:
             tomb = self._tomb = (state, now)  # shared by the leases one call ends
@@ -300,7 +297,6 @@ class LeaseTable(Renewals):
         leases, ended = self._leases, self._ended
         rids = list(map(_REQ_ID, due))
         _consume(map(leases.__delitem__, rids))
-        _consume(map(_SET_STATE, due, repeat(R.EXPIRED)))
         size = len(ended)
         ended.update(zip(rids, repeat((R.EXPIRED, now))))
         if len(ended) != size + len(rids):  # an id already had a tombstone: newest last
