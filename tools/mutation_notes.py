@@ -51,6 +51,12 @@ EQUIVALENT: dict[str, str] = {
     "give the same bytes (tests/test_hot_paths.py compares them on every `max_bytes` from -2 "
     "to 260, room 1 included: one 1-byte id a message, longer ids the same ValueError); only "
     "ids that `track` refuses, for which `payloads` promises nothing, tell them apart",
+    # -- deadlines.py --
+    "deadlines.py:DeadlineQueue.take_due:Lt -> LtE:bucket[-1].seq < lease.seq#0": "the inline "
+    "requeue appends instead of `bisect.insort` also when the bucket's last entry has the same "
+    "`seq`: a bucket is always sorted by `seq` (`push` takes the largest `seq` yet, every other "
+    "insertion goes in order, `compact` and `copy` keep the order), so `insort` (insort_right: "
+    "after every entry whose key is `<=`) puts the lease at the end too, as `append` does",
     # -- rules.py --
     "rules.py:<module>:constant 1 -> 2:1#0": "`NO_ROW = -1` -> `-2`: NO_ROW only has to be no "
     "state (LeaseState is 0..4), and -2 is none either; every use compares with the name "
