@@ -18,10 +18,6 @@ EQUIVALENT: dict[str, str] = {
     "float threshold only decides when to give the shortcut up: a threshold is returned only once "
     "the rule says it is exact (due at it, not due at the float below), and giving up returns -inf "
     "(no shortcut: `due` asks the rule for each engine), so any bound gives the same `due` answers",
-    "specialise.py:<module>:constant 1 -> 2:1#0": "`_PREC['or']` 1 -> 2 (equal to `and`): the "
-    "printer writes every operand of `and`/`or` with parentheses at equal precedence (`tight`), so "
-    "the change only adds parentheses around an `and` or `or` inside an `or`; `not`, `if`, the "
-    "arithmetic and comparisons still bind as before (2 is between `if` 0 and `not` 3, like 1)",
     "specialise.py:_renew_form:statement deleted:"
     "deadline = simplify(deadline, assume(applies))#0": (
         "simplifying the deadline under the assumption that the renewal applies is an "
@@ -71,4 +67,17 @@ EQUIVALENT: dict[str, str] = {
     "events.py:make_releases:constant True -> False:True#0": "`zip(..., strict=False)`: the "
     "zip transposes the 4-tuples that one `attrgetter` of four fields returns, one per lease, "
     "so its iterables always have the same length (4) and `strict` never raises",
+    # -- tracing.py --
+    # (the printer moved from specialise.py to tracing.py: its `_PREC` entry's key moved too)
+    "tracing.py:<module>:constant 1 -> 2:1#0": "`_PREC['or']` 1 -> 2 (equal to `and`): the "
+    "printer writes every operand of `and`/`or` with parentheses at equal precedence (`tight`), so "
+    "the change only adds parentheses around an `and` or `or` inside an `or`; `not`, `if`, the "
+    "arithmetic and comparisons still bind as before (2 is between `if` 0 and `not` 3, like 1)",
+    "tracing.py:<module>:constant 0 -> 1:0#0": "`_PREC['if']` 0 -> 1 (equal to `or`): an "
+    "operand is parenthesised when it binds less tightly, or as tightly where `tight`; every "
+    "operand of `or`, and an `if`'s condition and first branch, are `tight`, so an `if` inside an "
+    "`or` keeps its parentheses and an `or` as an `if`'s condition or first branch gains "
+    "redundant ones (`a if (b or c) else d` is `a if b or c else d`); an `or` or `if` as the "
+    "last branch stays bare, as before, and every other operator binds tighter than both "
+    "values, as before: the printed code parses to the same tree",
 }
