@@ -83,6 +83,14 @@ def _prove(claim: Any) -> None:
     assert result == z3.unsat, f"{result}: {s.model() if result == z3.sat else ''}"
 
 
+@pytest.fixture(autouse=True)
+def _fresh_forms(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test builds its forms afresh: ``renew_form``/``expire_form`` cache a form
+    per rule for the process, so without this a test would check the form an earlier
+    test traced (and, in the mutation run's baseline, trace no line of the tracer)."""
+    monkeypatch.setattr(S, "_cache", {})
+
+
 def _env(form: S.Form, env: dict[str, Any]) -> dict[str, Any]:
     for name, src in form.hoisted:
         env[name] = _z3_eval(src, env)
