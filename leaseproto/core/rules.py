@@ -184,8 +184,7 @@ def aged_uncertainty(uncertainty: N, age: N, rho: N) -> N:
 # The runtime keeps forms derived from these rules (the tracker's idle threshold, the
 # generated renew and expire loops of :mod:`.specialise`). A test that patches a rule
 # (``monkeypatch.setattr(rules, "renew_rule", broken)``) must change what runs, so
-# rebinding any name here bumps :data:`generation` and tells every watcher.
-generation = 0
+# rebinding any name here tells every watcher.
 _watchers: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
@@ -198,10 +197,8 @@ def watch(obj: Any) -> None:
 class _RulesModule(types.ModuleType):
     def __setattr__(self, name: str, value: object) -> None:
         super().__setattr__(name, value)
-        if name != "generation":
-            super().__setattr__("generation", self.generation + 1)
-            for obj in list(_watchers):
-                obj._rules_changed()
+        for obj in list(_watchers):
+            obj._rules_changed()
 
 
 sys.modules[__name__].__class__ = _RulesModule
