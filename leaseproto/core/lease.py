@@ -64,7 +64,14 @@ class Lease:
     )
 
     def __init__(
-        self, req_id: str, now: float, deadline: float, cap_at: float | None, consumers: int
+        self,
+        req_id: str,
+        now: float,
+        deadline: float,
+        cap_at: float | None,
+        consumers: int,
+        *,
+        seq: int,
     ) -> None:
         self.req_id = req_id
         self.state = R.GRANTED
@@ -76,5 +83,5 @@ class Lease:
         self.readers = consumers
         self.done = 0
         self.last_renewal: float | None = None
-        #: grant order (set by the table): ties in expiry go by it
-        self.seq = 0
+        #: grant order (the table's count of grants): ties in expiry go by it
+        self.seq = seq

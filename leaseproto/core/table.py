@@ -169,9 +169,8 @@ class LeaseTable(Renewals):
             raise LocalProtocolError(f"now={now!r} + ttl={ttl!r} is not a finite deadline")
         self._clock(now)
         self._ended.pop(req_id, None)  # a reused id starts a new lease (spec §6.1)
-        lease = Lease(req_id, now, deadline, cap_at, consumers)
+        lease = Lease(req_id, now, deadline, cap_at, consumers, seq=next(self._seq))
         self._leases[req_id] = lease
-        lease.seq = next(self._seq)
         self._queue.push(lease)
         self._c["granted"] += 1
         staged = self._staged.pop(req_id, None)
