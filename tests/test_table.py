@@ -297,6 +297,21 @@ def test_a_renewed_lease_met_by_next_deadline_is_released_once() -> None:
     assert len(t) == 0 and len(t._queue) == 0 and t.next_deadline() is None
 
 
+@pytest.mark.parametrize("peek", [False, True])
+def test_a_lease_renewed_onto_a_later_grant_s_deadline_goes_first(peek: bool) -> None:
+    # a ties with b at 40 and was granted first: released first, whether the queue moves
+    # it when its old deadline comes due (expire) or before (next_deadline)
+    t = table()
+    t.grant("a", now=0.0)  # 30
+    t.grant("b", now=10.0)  # 40
+    t.renew(["a"], now=20.0)  # a -> 40
+    if peek:
+        assert t.next_deadline() == 40.0
+    assert t.expire(now=39.0) == []
+    _check_queue(t)
+    assert [r.req_id for r in t.expire(now=40.0)] == ["a", "b"]
+
+
 def test_the_queue_is_compacted_once_stale_entries_outnumber_the_live_by_1024() -> None:
     # compaction walks the whole queue: it waits until the stale entries are more than
     # the live leases plus 1024, so its cost is spread over that many ends
