@@ -106,6 +106,19 @@ def test_renew_ignores_and_counts_unknown_and_ended_ids_I2() -> None:
     assert "b" not in t and "zz" not in t and t.deadline("b") is None
 
 
+@pytest.mark.parametrize("kind", [list, tuple, iter, dict.fromkeys, set])
+def test_renew_takes_the_ids_as_any_iterable(kind: object) -> None:
+    # a generator can be read once: renew must read it once
+    t = table()
+    t.grant("a", now=0.0)
+    t.grant("b", now=0.0)
+    ids = kind(["a", "zz"])  # type: ignore[operator]
+    lost: list[str] = []
+    assert t.renew(ids, now=20.0, lost=lost) == 1
+    assert (t.deadline("a"), t.deadline("b"), lost) == (40.0, 30.0, [])
+    assert (t.stats.renewed, t.stats.renew_unknown) == (1, 1)
+
+
 def test_renew_is_capped_I7() -> None:
     t = table(max_lease_lifetime=60.0)
     t.grant("a", now=0.0)
