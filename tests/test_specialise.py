@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import itertools
 import math
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -280,7 +282,6 @@ def test_a_burst_of_expiries_matches_one_by_one_and_shares_tombstones() -> None:
 def test_the_printer_parenthesises_by_precedence() -> None:
     """Every nesting of and/or/not/if the printer writes evaluates as the tree does
     (the rules in use today never nest ``or`` inside ``and``)."""
-    import itertools
 
     from leaseproto.core.specialise import Node, Printer
 
@@ -310,12 +311,49 @@ def test_simplify_folds_a_rule_with_every_variable_known_to_the_rule_s_own_value
         (R.read_allowed, {"d": 10.0, "now": 7.5, "off": 0.5, "u": 0.25, "m": 2.0}),
         (R.heartbeat_due, {"last": 1.0, "now": 3.0, "interval": 2.0}),
         (R.heartbeat_due, {"last": 1.0, "now": 2.5, "interval": 2.0}),
+        (R.expire_due, {"state": R.GRANTED, "deadline": 5.0, "now": 5.0}),
+        (R.expire_due, {"state": R.GRANTED, "deadline": 5.0, "now": 4.0}),
+        (R.expire_due, {"state": R.EXPIRED, "deadline": 5.0, "now": 6.0}),
+    ]
+    # and each operator a trace records, on a pair below, equal and above
+    cases += [
+        (op, {"a": a, "b": b})
+        for op in (
+            operator.add,
+            operator.sub,
+            operator.mul,
+            operator.truediv,
+            operator.lt,
+            operator.le,
+            operator.gt,
+            operator.ge,
+            operator.eq,
+            operator.ne,
+        )
+        for a, b in ((2.0, 3.0), (3.0, 3.0), (5.0, 3.0))
     ]
     for rule, values in cases:
         tree = trace(rule, *values)
         folded = simplify(tree, {("var", k): v for k, v in values.items()})
         assert folded.op == "const", (rule.__name__, values)
         assert folded.args[0] == rule(*values.values()), (rule.__name__, values)
+
+
+def test_the_printer_parenthesises_arithmetic_by_precedence() -> None:
+    """Every nesting of two arithmetic operators, either side, prints as Python
+    that computes what the tree does (``a - (b + c)``, ``(a + b) * c`` ...)."""
+    from leaseproto.core.tracing import Node, Printer
+
+    ops = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}
+    a, b, c = (Node("var", (x,)) for x in "abc")
+    env = {"a": 7.0, "b": 3.0, "c": 2.0}
+    for outer, inner in itertools.product(ops, ops):
+        for tree, want in (
+            (Node(outer, (Node(inner, (a, b)), c)), ops[outer](ops[inner](7.0, 3.0), 2.0)),
+            (Node(outer, (a, Node(inner, (b, c)))), ops[outer](7.0, ops[inner](3.0, 2.0))),
+        ):
+            src = Printer(frozenset()).expr(tree)
+            assert eval(src, {}, env) == want, (outer, inner, src)
 
 
 def test_assume_gives_a_variable_a_value_only_from_an_equality_with_a_constant() -> None:
