@@ -365,3 +365,47 @@ def test_assume_gives_a_variable_a_value_only_from_an_equality_with_a_constant()
     # x == y and x == y + 1 give x no constant: x + 1 is left as it is
     for cond in (trace(lambda x, y: x == y, "x", "y"), trace(lambda x, y: x == y + 1, "x", "y")):
         assert simplify(x_plus_one, assume(cond)).key == x_plus_one.key
+
+
+_ARITH = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}
+_CMP = {
+    "<": operator.lt,
+    "<=": operator.le,
+    ">": operator.gt,
+    ">=": operator.ge,
+    "==": operator.eq,
+    "!=": operator.ne,
+}
+
+
+def test_trace_records_a_constant_on_either_side_of_each_operator() -> None:
+    """``2 op x`` and ``x op 2``: an arithmetic node keeps its operands in order, and
+    every node folds, ``x`` given, to what Python computes."""
+    from leaseproto.core.tracing import simplify, trace
+
+    for name, op in {**_ARITH, **_CMP}.items():
+        left = trace(lambda x, op=op: op(2.0, x), "x")
+        right = trace(lambda x, op=op: op(x, 2.0), "x")
+        if name in _ARITH:
+            assert left.key == (name, ("const", 2.0), ("var", "x"))
+            assert right.key == (name, ("var", "x"), ("const", 2.0))
+        for x in (1.0, 2.0, 5.0):
+            assert simplify(left, {("var", "x"): x}).key == ("const", op(2.0, x)), (name, x)
+            assert simplify(right, {("var", "x"): x}).key == ("const", op(x, 2.0)), (name, x)
+
+
+def test_a_traced_value_refuses_what_a_trace_cannot_follow() -> None:
+    """A node has no truth value (a rule that branches on it is untraceable), is
+    unhashable (``==`` builds a node), is slotted, and only numbers are lifted."""
+    from leaseproto.core.tracing import Node, Untraceable, trace
+
+    n = Node("var", ("x",))
+    with pytest.raises(Untraceable, match="branched on a traced value"):
+        bool(n)
+    with pytest.raises(Untraceable, match="branched on a traced value"):
+        trace(lambda x: 1.0 if x else 0.0, "x")
+    with pytest.raises(TypeError):
+        hash(n)
+    assert not hasattr(n, "__dict__")
+    with pytest.raises(Untraceable, match="cannot trace a str"):
+        trace(lambda x: x + "s", "x")

@@ -73,6 +73,9 @@ EQUIVALENT: dict[str, str] = {
     "printer writes every operand of `and`/`or` with parentheses at equal precedence (`tight`), so "
     "the change only adds parentheses around an `and` or `or` inside an `or`; `not`, `if`, the "
     "arithmetic and comparisons still bind as before (2 is between `if` 0 and `not` 3, like 1)",
+    "tracing.py:Node:statement deleted:__hash__ = None#0": "a class that defines `__eq__` "
+    "and not `__hash__` gets `__hash__ = None` from `type` itself (the data model), so without "
+    "the explicit line a Node is unhashable just the same (`hash(node)` raises TypeError)",
     "tracing.py:<module>:constant 0 -> 1:0#0": "`_PREC['if']` 0 -> 1 (equal to `or`): an "
     "operand is parenthesised when it binds less tightly, or as tightly where `tight`; every "
     "operand of `or`, and an `if`'s condition and first branch, are `tight`, so an `if` inside an "
