@@ -43,6 +43,14 @@ def test_bad_samples_rejected(t0: float, rt: float, t1: float) -> None:
     assert c.samples == 0 and not c.has_sample
 
 
+def test_a_sample_with_no_round_trip_is_taken_exactly() -> None:
+    """``t1 == t0`` (a clock too coarse to see the round trip) is a valid sample:
+    only ``t1 < t0`` is refused."""
+    c = ClockOffset()
+    assert c.add_sample(t0=3.0, remote_time=10.0, t1=3.0)
+    assert (c.offset, c.uncertainty, c.sampled_at, c.samples) == (7.0, 0.0, 3.0, 1)
+
+
 # -- samples age (issue 9 §4): the drift allowance 2 rho/(1 - rho) * age ----------------------
 def test_an_old_sample_does_not_admit_a_read_past_the_peers_deadline_I9() -> None:
     # The peer's clock runs 100 ppm fast against ours (each within rho = 100 ppm of

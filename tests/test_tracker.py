@@ -172,6 +172,35 @@ def test_engines_with_different_last_heartbeats_each_get_their_turn() -> None:
     assert t.due(now=0.8) == {"B": ["b"]}
 
 
+def test_due_returns_the_engines_in_the_order_they_were_first_tracked() -> None:
+    """Never-sent engines are found apart from the sent ones; the step still
+    returns every due engine in tracking order, as a full scan would."""
+    t = HeartbeatTracker(CFG)  # interval 5
+    t.track("a", engine_id="A", now=0.0)
+    assert t.due(now=0.0) == {"A": ["a"]}
+    t.track("b", engine_id="B", now=1.0)
+    t.track("c", engine_id="C", now=1.0)
+    assert list(t.due(now=5.0).items()) == [("A", ["a"]), ("B", ["b"]), ("C", ["c"])]
+
+
+def test_the_threshold_is_the_first_float_at_which_the_oldest_engine_is_due() -> None:
+    """``_threshold`` (the bound below which ``due`` answers without a scan):
+    +inf with no engine, -inf while an engine never had a heartbeat, else the
+    smallest float at which the rule makes the oldest engine due."""
+    t = HeartbeatTracker(LeaseConfig(kv_lease_duration=3.0))  # interval 0.5
+    assert t._threshold() == math.inf
+    t.track("a", engine_id="A", now=0.0)
+    assert t._threshold() == -math.inf
+    t.due(now=0.1)
+    t.track("b", engine_id="B", now=0.2)
+    t.due(now=0.2)
+    thr = t._threshold()
+    assert R.heartbeat_due(0.1, thr, 0.5)
+    assert not R.heartbeat_due(0.1, math.nextafter(thr, -math.inf), 0.5)
+    assert t.due(now=math.nextafter(thr, -math.inf)) == {}
+    assert t.due(now=thr) == {"A": ["a"]}
+
+
 @settings(max_examples=600)
 @given(_ops)
 def test_due_matches_a_naive_full_scan_I11(ops: list[tuple[str, object, str]]) -> None:

@@ -293,3 +293,10 @@ def test_plain_id_accepts_only_what_id_problem_accepts(rid: str, max_bytes: int)
     if wire.plain_id(rid, max_bytes):
         assert wire.id_problem(rid) is None and len(rid.encode()) <= max_bytes
     assert wire.plain_id("chatcmpl-1f-00000001")
+
+
+def test_plain_id_takes_an_id_with_a_colon_unless_it_starts_with_a_reserved_prefix() -> None:
+    for rid in ("chat:cmpl-1", "x:1", "HBx:1", "hb:1"):
+        assert wire.plain_id(rid), rid
+    for rid in ("HB:1", "AB:x", "OK:x", "NK:x", "LL:x"):
+        assert not wire.plain_id(rid) and wire.id_problem(rid) is not None, rid

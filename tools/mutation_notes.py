@@ -30,14 +30,12 @@ EQUIVALENT: dict[str, str] = {
     + " (`now == last` then takes `_clock(now)`, which accepts it, and the scan finds nothing "
     "due below the threshold, the rule being monotone, so it returns `{}` and leaves the "
     "counters as the fast path does; `_next_at` is derived again, which only moves the bound up)",
-    "tracker.py:HeartbeatTracker._threshold:return None:return math.inf#0": _FAST_PATH
-    + " (with no engine the threshold becomes None, so `last <= now < None` raises TypeError "
-    "and `due` takes the slow path, which scans no engine and returns `{}`; every `now` the "
-    "fast path accepts is one `_clock` accepts: `_last_now` is finite after any `due` that "
-    "set the threshold; the checker's fingerprint keeps None as it kept inf: one value a state)",
     "tracker.py:HeartbeatTracker._new_engine:constant 1 -> 2:1#0": "the order counter is "
     "read only as the sort key of `due` (`self._order.__getitem__`) and, in the checker's "
     "fingerprint, as ranks; counting by 2 keeps every engine's rank, so the same order",
+    "tracker.py:HeartbeatTracker.__init__:constant 0 -> 1:0#0": "the order counter's first "
+    "value: it is read only as the sort key of `due` and, in the checker's fingerprint, as "
+    "ranks; starting at 1 keeps every engine's rank, so the same order",
     "tracker.py:_Requests.__init__:statement deleted:super().__init__()#0": "`dict.__init__()` "
     "with no arguments adds nothing: `dict.__new__` already made the mapping, empty, and "
     "`__slots__` gives `engine` its slot without any base initialiser",
@@ -47,6 +45,10 @@ EQUIVALENT: dict[str, str] = {
     "give the same bytes (tests/test_hot_paths.py compares them on every `max_bytes` from -2 "
     "to 260, room 1 included: one 1-byte id a message, longer ids the same ValueError); only "
     "ids that `track` refuses, for which `payloads` promises nothing, tell them apart",
+    "tracker.py:HeartbeatTracker.payloads:LtE -> Lt:len(data) <= room#0": "an id list of "
+    "exactly `room` bytes then goes to the cutting loop, which runs no round (`last = "
+    "len(data) - room = 0`, so `start < last` fails) and appends `_HB + data[0:]`: the one "
+    "message the shortcut returns",
     # -- deadlines.py --
     "deadlines.py:DeadlineQueue.take_due:Lt -> LtE:bucket[-1].seq < lease.seq#0": "the inline "
     "requeue appends instead of `bisect.insort` also when the bucket's last entry has the same "
