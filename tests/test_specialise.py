@@ -25,6 +25,7 @@ from leaseproto.core import rules as R
 from leaseproto.core import specialise as S
 from leaseproto.core.events import Release, ReleaseReason, make_release
 from leaseproto.core.state import Input
+from leaseproto.core.sym import conj, disj, neg
 from leaseproto.testing import NaiveLeaseTable
 
 z3 = pytest.importorskip("z3")
@@ -339,21 +340,45 @@ def test_simplify_folds_a_rule_with_every_variable_known_to_the_rule_s_own_value
         assert folded.args[0] == rule(*values.values()), (rule.__name__, values)
 
 
-def test_the_printer_parenthesises_arithmetic_by_precedence() -> None:
-    """Every nesting of two arithmetic operators, either side, prints as Python
-    that computes what the tree does (``a - (b + c)``, ``(a + b) * c`` ...)."""
+def _parsed_back(n: ast.AST) -> tuple[Any, ...]:
+    """The tree key of a printed expression, read back from Python's own parse."""
+    binops = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}
+    cmps = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!="}
+    if isinstance(n, ast.Name):
+        return ("var", n.id)
+    if isinstance(n, ast.BinOp):
+        return (binops[type(n.op)], _parsed_back(n.left), _parsed_back(n.right))
+    if isinstance(n, ast.Compare):
+        assert len(n.ops) == 1, "a printed comparison is never chained"
+        return (cmps[type(n.ops[0])], _parsed_back(n.left), _parsed_back(n.comparators[0]))
+    if isinstance(n, ast.BoolOp):
+        return ("and" if isinstance(n.op, ast.And) else "or", *map(_parsed_back, n.values))
+    if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.Not):
+        return ("not", _parsed_back(n.operand))
+    assert isinstance(n, ast.IfExp), ast.dump(n)
+    return ("if", _parsed_back(n.test), _parsed_back(n.body), _parsed_back(n.orelse))
+
+
+def test_the_printer_s_source_parses_back_to_the_tree_for_every_nesting() -> None:
+    """Every operator inside every operand of every operator (``a - (b + c)``,
+    ``(a + b) * c``, ``not (a and b)``, ``a if (b if c else d) else e`` ...): Python
+    parses the printed source back to the very tree, so it computes what the tree does."""
     from leaseproto.core.tracing import Node, Printer
 
-    ops = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}
-    a, b, c = (Node("var", (x,)) for x in "abc")
-    env = {"a": 7.0, "b": 3.0, "c": 2.0}
-    for outer, inner in itertools.product(ops, ops):
-        for tree, want in (
-            (Node(outer, (Node(inner, (a, b)), c)), ops[outer](ops[inner](7.0, 3.0), 2.0)),
-            (Node(outer, (a, Node(inner, (b, c)))), ops[outer](7.0, ops[inner](3.0, 2.0))),
-        ):
+    arity = {op: 2 for op in ["+", "-", "*", "/", "<", "<=", ">", ">=", "==", "!=", "and", "or"]}
+    arity |= {"not": 1, "if": 3}
+    names = iter(itertools.cycle("abcdefg"))
+
+    def leaves(k: int) -> tuple[Node, ...]:
+        return tuple(Node("var", (next(names),)) for _ in range(k))
+
+    for outer, inner in itertools.product(arity, arity):
+        for pos in range(arity[outer]):
+            args = list(leaves(arity[outer]))
+            args[pos] = Node(inner, leaves(arity[inner]))
+            tree = Node(outer, tuple(args))
             src = Printer(frozenset()).expr(tree)
-            assert eval(src, {}, env) == want, (outer, inner, src)
+            assert _parsed_back(ast.parse(src, mode="eval").body) == tree.key, (outer, inner, src)
 
 
 def test_assume_gives_a_variable_a_value_only_from_an_equality_with_a_constant() -> None:
@@ -362,6 +387,10 @@ def test_assume_gives_a_variable_a_value_only_from_an_equality_with_a_constant()
     x_plus_one = trace(lambda x: x + 1, "x")
     # under x == 1, x + 1 folds to 2
     assert simplify(x_plus_one, assume(trace(lambda x: x == 1, "x"))).key == ("const", 2)
+    # under x < 1 and y < 2, each conjunct is known true
+    both = assume(trace(lambda x, y: conj(x < 1, y < 2), "x", "y"))
+    assert simplify(trace(lambda x: x < 1, "x"), both).key == ("const", True)
+    assert simplify(trace(lambda y: neg(y < 2), "y"), both).key == ("const", False)
     # x == y and x == y + 1 give x no constant: x + 1 is left as it is
     for cond in (trace(lambda x, y: x == y, "x", "y"), trace(lambda x, y: x == y + 1, "x", "y")):
         assert simplify(x_plus_one, assume(cond)).key == x_plus_one.key
@@ -409,3 +438,31 @@ def test_a_traced_value_refuses_what_a_trace_cannot_follow() -> None:
     assert not hasattr(n, "__dict__")
     with pytest.raises(Untraceable, match="cannot trace a str"):
         trace(lambda x: x + "s", "x")
+
+
+def test_not_and_or_trace_fold_and_keep_what_is_unknown() -> None:
+    from leaseproto.core.tracing import simplify, trace
+
+    x = ("var", "x")
+    lt = ("<", x, ("const", 1))
+    negated = trace(lambda x: neg(x < 1), "x")
+    assert negated.key == ("not", lt)
+    assert simplify(negated, {}).key == ("not", lt)
+    assert simplify(negated, {x: 0.5}).key == ("const", False)
+    assert simplify(negated, {x: 2.0}).key == ("const", True)
+    either = trace(lambda x, y: disj(x < 1, y), "x", "y")
+    assert either.key == ("or", lt, ("var", "y"))
+    assert simplify(either, {x: 0.5}).key == ("const", True)
+    assert simplify(either, {x: 2.0}).key == ("var", "y")
+    assert simplify(either, {x: 2.0, ("var", "y"): False}).key == ("const", False)
+    # only a bool constant is folded away: a number operand is kept, as Python's ``and``
+    # would return it
+    with_number = trace(lambda x: conj(x < 1, 1), "x")
+    assert simplify(with_number, {}).key == ("and", lt, ("const", 1))
+
+
+def test_a_rule_that_fails_on_a_traced_value_is_untraceable() -> None:
+    from leaseproto.core.tracing import Untraceable, trace
+
+    with pytest.raises(Untraceable, match="TypeError"):
+        trace(lambda x: x**2, "x")

@@ -78,6 +78,19 @@ EQUIVALENT: dict[str, str] = {
     "tracing.py:Node:statement deleted:__hash__ = None#0": "a class that defines `__eq__` "
     "and not `__hash__` gets `__hash__ = None` from `type` itself (the data model), so without "
     "the explicit line a Node is unhashable just the same (`hash(node)` raises TypeError)",
+    "tracing.py:<module>:constant 3 -> 4:3#0": "`_PREC['not']` 3 -> 4 (equal to `cmp`): "
+    "only a `not` and a comparison change places, from below to equal; a comparison inside a "
+    "`not` stays bare (not tight: `not a < b` is `not (a < b)`), a `not` inside a comparison "
+    "keeps its parentheses (both sides of a comparison are tight): the same source",
+    "tracing.py:<module>:constant 4 -> 5:4#0": "`_PREC['cmp']` 4 -> 5 (equal to `+`/`-`): "
+    "a sum inside a comparison gains redundant parentheses (a comparison's sides are tight), "
+    "a comparison inside a sum keeps them, and a sum's left operand becomes tight too "
+    "(`p == _PREC['cmp']` now holds for `+`/`-`), which only adds parentheses around a sum "
+    "or difference as the left operand of one (`(a - b) + c`): "
+    "Python parses the source to the same tree (tests/test_specialise.py's parse-back test)",
+    "tracing.py:_prec:constant 9 -> 10:9#0": "the precedence of a variable or constant (any "
+    "op not in `_PREC`): 9 and 10 are both above every operator's (0..6), so a leaf is never "
+    "parenthesised either way, and no node of another op reaches this default",
     "tracing.py:<module>:constant 0 -> 1:0#0": "`_PREC['if']` 0 -> 1 (equal to `or`): an "
     "operand is parenthesised when it binds less tightly, or as tightly where `tight`; every "
     "operand of `or`, and an `if`'s condition and first branch, are `tight`, so an `if` inside an "
