@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import ast
 import importlib
+import inspect
+import typing
 from pathlib import Path
 
 import pytest
@@ -37,3 +39,19 @@ def test_all_lists_every_public_definition_and_nothing_missing(name: str) -> Non
         assert hasattr(mod, n), f"core/{name}.py: __all__ names {n}, which it lacks"
     missing = _public_definitions(CORE / f"{name}.py") - set(exported) - INTERNAL.get(name, set())
     assert not missing, f"core/{name}.py defines {sorted(missing)} but does not export them"
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_every_exported_annotation_resolves(name: str) -> None:
+    """``typing.get_type_hints`` (what the API reference and runtime type checkers read)
+    resolves the annotations of each exported function and class and of its methods:
+    each name an annotation uses is defined in the module."""
+    mod = importlib.import_module(f"leaseproto.core.{name}")
+    for n in mod.__all__:
+        obj = getattr(mod, n)
+        objs = [obj]
+        if inspect.isclass(obj):
+            objs += [v for v in vars(obj).values() if inspect.isfunction(v)]
+        for o in objs:
+            if inspect.isfunction(o) or inspect.isclass(o):
+                typing.get_type_hints(o)
