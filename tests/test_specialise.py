@@ -211,6 +211,28 @@ def test_an_untraceable_rule_is_called_instead(monkeypatch: pytest.MonkeyPatch) 
     assert t.deadline("a") == 23.0  # the real rule again: max(22, 23)
 
 
+def test_the_deadline_queue_follows_a_rule_that_moves_a_deadline_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the assigning rule renews l30 to 21, below the 30 it is queued at: next_deadline
+    # queues it again at 21 and takes the emptied 30 out of the middle of the heap of
+    # deadlines (queued in this order, so the heap is no longer in order without 30
+    # until it is heapified again)
+    t = LeaseTable(LeaseConfig())
+    ttls = (30, 40, 60, 70, 50, 80, 90)
+    for ttl in ttls:
+        t.grant(f"l{ttl}", now=0.0, ttl=float(ttl))
+    monkeypatch.setattr(R, "renew_rule", _assign_with_python_control_flow)
+    t.renew(["l30"], now=1.0)
+    assert t.deadline("l30") == 21.0
+    assert t.next_deadline() == 21.0
+    assert [r.req_id for r in t.expire(now=21.0)] == ["l30"]
+    assert t.next_deadline() == 40.0
+    got = [(r.req_id, r.deadline) for r in t.expire(now=100.0)]
+    assert got == [(f"l{ttl}", float(ttl)) for ttl in sorted(ttls[1:])]
+    assert t.next_deadline() is None
+
+
 def test_expire_runs_a_rebound_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     def ends_aborted(state: Any, deadline: Any, now: Any) -> Any:
         return R.next_state(state, Input.RECV_ABORT, R.expire_due(state, deadline, now))

@@ -55,6 +55,13 @@ EQUIVALENT: dict[str, str] = {
     "`seq`: a bucket is always sorted by `seq` (`push` takes the largest `seq` yet, every other "
     "insertion goes in order, `compact` and `copy` keep the order), so `insort` (insort_right: "
     "after every entry whose key is `<=`) puts the lease at the end too, as `append` does",
+    # -- renewal.py --
+    "renewal.py:Renewals.renew:or -> and:type(req_ids) is list or type(req_ids) is tuple#0": (
+        "a fast-path guard: with it failing, a list or tuple of ids is copied with `list()` "
+        "instead of used as given; the copy is equal, and the renew loop only reads the ids "
+        "(zipped with `found`, which fixes their number, never stored, indexed or returned), "
+        "so every call renews, counts and reports the same (also with `lost` the same list)"
+    ),
     # -- rules.py --
     "rules.py:<module>:constant 1 -> 2:1#0": "`NO_ROW = -1` -> `-2`: NO_ROW only has to be no "
     "state (LeaseState is 0..4), and -2 is none either; every use compares with the name "
