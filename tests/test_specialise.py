@@ -488,3 +488,23 @@ def test_a_rule_that_fails_on_a_traced_value_is_untraceable() -> None:
 
     with pytest.raises(Untraceable, match="TypeError"):
         trace(lambda x: x**2, "x")
+
+
+def test_the_printer_hoists_each_loop_invariant_subterm_once() -> None:
+    """A subterm of invariant names only (``now + e``, twice in ``vmax``'s ``if``) is
+    named once in ``hoisted``; the printed expression reads that name and the
+    rest, and computes what the tree does."""
+    from leaseproto.core.sym import vmax
+    from leaseproto.core.tracing import Printer, trace
+
+    pr = Printer(frozenset({"now", "e"}))
+    src = pr.expr(trace(lambda d, now, e: vmax(d, now + e), "d", "now", "e"))
+    assert [name for name, _ in pr.hoisted] == ["_h0"]
+    hoisted = ast.parse(pr.hoisted[0][1], mode="eval").body
+    assert _parsed_back(hoisted) == ("+", ("var", "now"), ("var", "e"))
+    names = {n.id for n in ast.walk(ast.parse(src, mode="eval")) if isinstance(n, ast.Name)}
+    assert names == {"d", "_h0"}, src
+    for d, now, e in ((1.0, 2.0, 3.0), (9.0, 2.0, 3.0), (5.0, 2.0, 3.0)):
+        env = {"d": d, "now": now, "e": e}
+        env["_h0"] = eval(pr.hoisted[0][1], {}, env)
+        assert eval(src, {}, env) == vmax(d, now + e)

@@ -11,6 +11,14 @@ _FAST_PATH = (
     "check, which accepts the same inputs and stores the same state"
 )
 
+#: the printer writing parentheses in more places, never fewer: parentheses around a whole
+#: subexpression never change how Python parses it
+_MORE_PARENS = (
+    "the printer parenthesises a superset of the operands it did (it still parenthesises each "
+    "operand that binds less tightly), and parentheses around a whole subexpression never "
+    "change Python's parse: the same tree, so the same values"
+)
+
 EQUIVALENT: dict[str, str] = {
     "tracker.py:HeartbeatTracker.track:LtE -> Lt:self._last_now <= now < _INF#0": _FAST_PATH
     + " (`now == last` then takes `_clock(now)`: it sets `_last_now = now`, as the fast path does)",
@@ -98,6 +106,18 @@ EQUIVALENT: dict[str, str] = {
     "tracing.py:_prec:constant 9 -> 10:9#0": "the precedence of a variable or constant (any "
     "op not in `_PREC`): 9 and 10 are both above every operator's (0..6), so a leaf is never "
     "parenthesised either way, and no node of another op reaches this default",
+    "tracing.py:Printer.expr.sub:Lt -> LtE:q < p#0": _MORE_PARENS
+    + " (`q <= p`: also an operand as tight as its operator where not `tight`: the left one "
+    "of arithmetic, `not`'s, an `if`'s last branch, where Python's own grouping is the tree's)",
+    "tracing.py:Printer.expr.sub:and -> or:tight and q == p#0": _MORE_PARENS
+    + " (`tight or q == p`: also every `tight` operand, whatever its precedence)",
+    "tracing.py:Printer.expr:constant False -> True:False#0": _MORE_PARENS
+    + " (`sub`'s default `tight=True`: the operands printed without `tight` become tight)",
+    "tracing.py:Printer:constant True -> False:True#0": "`expr`'s default `top=False`: the "
+    "expression a caller asks for may itself be hoisted when it reads invariant names only "
+    "(it is then computed once before the loop and the loop reads its name: the same value); "
+    "no caller's expression is one: the renew and expire forms each read a lease field "
+    "(`deadline`, `state` or `cap_at`), so nothing more is hoisted and the same source printed",
     "tracing.py:<module>:constant 0 -> 1:0#0": "`_PREC['if']` 0 -> 1 (equal to `or`): an "
     "operand is parenthesised when it binds less tightly, or as tightly where `tight`; every "
     "operand of `or`, and an `if`'s condition and first branch, are `tight`, so an `if` inside an "
