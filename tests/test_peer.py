@@ -25,6 +25,8 @@ def test_advertisement_round_trips_as_durations() -> None:
         {"v": 1, "lease": {"kv_lease_duration": 3, "lease_extension": -2}},
         {"v": 1, "lease": {"kv_lease_duration": 3, "lease_extension": float("nan")}},
         {"v": 1, "lease": {"kv_lease_duration": True, "lease_extension": 2}},
+        {"v": 1, "lease": {"kv_lease_duration": 3}},  # a required setting missing
+        {"v": 1, "lease": {"kv_lease_duration": None, "lease_extension": 2}},
     ],
 )
 def test_bad_advertisement_is_a_value_error(adv: object) -> None:

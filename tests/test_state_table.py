@@ -1,18 +1,30 @@
 """The transition table (leaseproto.core.state) is total where it must be and
 the rules (leaseproto.core.rules) follow it (style: h2's totality test)."""
 
+import dataclasses
 from itertools import product
 
 import pytest
 
 from leaseproto import TRANSITIONS, Guard, Input, LeaseState
 from leaseproto.core import rules as R
-from leaseproto.core.state import ENDED_STATES
+from leaseproto.core.state import ENDED_STATES, Transition
 
 
 def test_table_is_total_except_granting_a_granted_or_ended_lease() -> None:
     missing = {(s, i) for s, i in product(LeaseState, Input) if (s, i) not in TRANSITIONS}
     assert missing == {(s, Input.GRANT) for s in LeaseState if s is not LeaseState.ABSENT}
+
+
+def test_a_row_of_the_table_is_a_frozen_slotted_record() -> None:
+    # the rows are shared by the runtime, the proofs, the checker and the diagram:
+    # none of them can change one in place
+    row = TRANSITIONS[(LeaseState.GRANTED, Input.RECV_ABORT)]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        row.target = LeaseState.EXPIRED  # type: ignore[misc]
+    assert not hasattr(row, "__dict__")
+    assert row == Transition(LeaseState.ABORTED, Guard.ALWAYS, "release")
+    assert hash(row) == hash(Transition(LeaseState.ABORTED, Guard.ALWAYS, "release"))
 
 
 def test_ended_states_are_absorbing_I2() -> None:

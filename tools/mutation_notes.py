@@ -70,6 +70,9 @@ EQUIVALENT: dict[str, str] = {
         "(zipped with `found`, which fixes their number, never stored, indexed or returned), "
         "so every call renews, counts and reports the same (also with `lost` the same list)"
     ),
+    "renewal.py:Renewals._known_or_valid:return None:return False#0": "its one caller, "
+    "`renew_heartbeat`, reads the answer only as `not self._known_or_valid(...)`, and `None` "
+    "is falsy as `False` is: the payload is refused (None returned, nothing changed) either way",
     # -- rules.py --
     "rules.py:<module>:constant 1 -> 2:1#0": "`NO_ROW = -1` -> `-2`: NO_ROW only has to be no "
     "state (LeaseState is 0..4), and -2 is none either; every use compares with the name "
