@@ -87,6 +87,25 @@ def test_an_old_sample_arriving_late_is_aged_before_it_is_compared() -> None:
     assert c.uncertainty == pytest.approx(0.25)
 
 
+def test_the_kept_sample_is_aged_by_the_time_since_it_was_taken() -> None:
+    """Its age is the new sample's ``t0`` minus its own, whatever the clock reads."""
+    c = ClockOffset(rho=0.01)  # 2 rho / (1 - rho) = 0.0202 s a second
+    assert c.add_sample(t0=100.0, remote_time=150.0, t1=102.0)  # +- 1 at 100
+    # at 110 the kept one is +- 1.202: a +- 1.5 sample is worse
+    assert not c.add_sample(t0=110.0, remote_time=0.0, t1=113.0)
+    assert (c.sampled_at, c.uncertainty, c.offset) == (100.0, 1.0, 49.0)
+    # at 200 it is +- 3.02: the same +- 1.5 sample is better
+    assert c.add_sample(t0=200.0, remote_time=300.0, t1=203.0)
+    assert (c.sampled_at, c.uncertainty, c.offset) == (200.0, 1.5, 98.5)
+
+
+def test_has_sample_is_a_bool() -> None:
+    c = ClockOffset()
+    assert c.has_sample is False
+    c.add_sample(t0=0.0, remote_time=1.0, t1=0.5)
+    assert c.has_sample is True
+
+
 def test_without_drift_the_lowest_round_trip_wins_as_before() -> None:
     c = ClockOffset(rho=0.0)
     c.add_sample(t0=0.0, remote_time=0.05, t1=0.1)

@@ -14,6 +14,13 @@ def test_defaults_match_vllm() -> None:
     assert LeaseConfig(kv_lease_duration=30, heartbeat_interval=4).tolerated_missed_heartbeats == 3
 
 
+def test_our_keys_default_as_the_spec_s_table_says() -> None:
+    c = LeaseConfig()
+    assert (c.safety_margin, c.max_notification_bytes) == (5.0, 4096)
+    assert (c.tombstone_ttl, c.tombstone_capacity) == (480.0, 100_000)
+    assert (c.staging_ttl, c.staging_capacity) == (30.0, 10_000)
+
+
 def test_derived_values_follow_the_duration() -> None:
     c = LeaseConfig(kv_lease_duration=60)
     assert (c.heartbeat_interval, c.lease_extension) == (10.0, 40.0)

@@ -201,6 +201,20 @@ def test_the_threshold_is_the_first_float_at_which_the_oldest_engine_is_due() ->
     assert t.due(now=thr) == {"A": ["a"]}
 
 
+def test_a_rebound_rule_is_followed_at_the_next_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``due`` skips the scan below a threshold derived from ``heartbeat_due``;
+    rebinding the rule (what the checker's and tests' rule patches do) must not
+    leave a threshold of the old rule in force."""
+    t = HeartbeatTracker(CFG)  # interval 5
+    t.track("a", engine_id="A", now=0.0)
+    assert t.due(now=0.0) == {"A": ["a"]}
+    assert t.due(now=1.0) == {}  # the threshold (5.0) is in force
+    monkeypatch.setattr(R, "heartbeat_due", lambda last, now, interval: now - last >= 1.5)
+    assert t.due(now=2.0) == {"A": ["a"]}
+    assert t.due(now=3.0) == {}
+    assert t.due(now=3.5) == {"A": ["a"]}
+
+
 @settings(max_examples=600)
 @given(_ops)
 def test_due_matches_a_naive_full_scan_I11(ops: list[tuple[str, object, str]]) -> None:

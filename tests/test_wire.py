@@ -20,6 +20,12 @@ def test_vllm_byte_compatible_formats() -> None:
     assert wire.decode(b"chat:cmpl:x:4") == TransferDone("chat:cmpl:x", 4)  # last ':' splits
 
 
+def test_a_transfer_done_counts_one_reader_by_default() -> None:
+    assert wire.encode_transfer_done("cmpl-1") == b"cmpl-1:1"
+    assert TransferDone("cmpl-1").count == 1
+    assert wire.encode(TransferDone("cmpl-1")) == [b"cmpl-1:1"]
+
+
 def test_own_messages_round_trip() -> None:
     assert wire.decode(wire.encode_abort("r:1")) == Abort("r:1")
     assert wire.decode(wire.encode_nack("r:1", "expired")) == Nack("r:1", "expired")
