@@ -508,3 +508,73 @@ def test_the_printer_hoists_each_loop_invariant_subterm_once() -> None:
         env = {"d": d, "now": now, "e": e}
         env["_h0"] = eval(pr.hoisted[0][1], {}, env)
         assert eval(src, {}, env) == vmax(d, now + e)
+
+
+def _names_read(src: str) -> set[str]:
+    return {n.id for n in ast.walk(ast.parse(src, mode="eval")) if isinstance(n, ast.Name)}
+
+
+@pytest.mark.parametrize("capped", [False, True])
+def test_the_generated_renewal_reads_only_what_a_live_lease_needs(capped: bool) -> None:
+    """Simplified under :data:`S.LIVE` (the lease is GRANTED) and, for the new deadline,
+    under the renewal applying: the test reads no state, the deadline neither the state
+    nor the test again, and the loop loads no field it does not read."""
+    form = S.renew_form(R.renew_rule, capped=capped)
+    hoisted = {name for name, _ in form.hoisted}
+    assert _names_read(form.exprs["applies"]) == {"now", "deadline"}
+    fields = {"deadline", "cap_at"} if capped else {"deadline"}
+    assert _names_read(form.exprs["deadline"]) - hoisted == fields
+    assert "lease.state" not in form.source
+
+
+def test_a_rule_whose_result_is_a_plain_value_is_still_generated() -> None:
+    """A patched rule may return a constant where the real one returns a traced term
+    (here: every live lease renews): the form is still generated, and renews."""
+
+    def always(state: Any, deadline: Any, cap_at: Any, now: Any, extension: Any) -> Any:
+        return True, now + extension
+
+    form = S.renew_form(always, capped=False)
+    assert form.traced
+    lease = _L("a", R.GRANTED, 5.0, None)
+    c = {"renew_unknown": 0, "renew_late": 0, "renew_lapsed": 0}
+    assert form.fn(["a"], [lease], True, {}, 9.0, 2.0, None, c, always) == 1
+    assert lease.deadline == 11.0 and lease.last_renewal == 9.0
+
+
+def test_a_form_is_frozen() -> None:
+    """Forms are cached per rule and shared by every table: none can be changed."""
+    form = S.renew_form(R.renew_rule, capped=False)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        form.traced = False  # type: ignore[misc]
+
+
+def _due_with_python_control_flow(state: int, deadline: float, now: float) -> bool:
+    return state == R.GRANTED and deadline <= now
+
+
+def test_an_untraceable_expiry_rule_is_called_instead(monkeypatch: pytest.MonkeyPatch) -> None:
+    form = S.expire_form(_due_with_python_control_flow, R.expire_state)
+    assert not form.traced and "due_rule(" in form.source
+    args = (_due_with_python_control_flow, R.expire_state)
+    assert form.fn(R.GRANTED, 5.0, 5.0, *args) == R.EXPIRED
+    assert form.fn(R.GRANTED, 5.0, 4.0, *args) is None
+    t = LeaseTable(LeaseConfig())
+    t.grant("a", now=0.0)
+    monkeypatch.setattr(R, "expire_due", _due_with_python_control_flow)
+    assert t.expire(now=29.0) == []
+    assert [(r.req_id, r.reason) for r in t.expire(now=30.0)] == [("a", ReleaseReason.EXPIRED)]
+
+
+def test_an_expiry_rule_with_a_term_of_now_alone_is_printed_inline() -> None:
+    """One call has no loop to hoist ``now - 0.5`` out of: the form prints it inline."""
+
+    def due_with_grace(state: Any, deadline: Any, now: Any) -> Any:
+        return conj(state == R.GRANTED, deadline <= now - 0.5)
+
+    form = S.expire_form(due_with_grace, R.expire_state)
+    assert form.traced and form.hoisted == ()
+    assert _names_read(form.exprs["due"]) == {"state", "deadline", "now"}
+    args = (due_with_grace, R.expire_state)
+    assert form.fn(R.GRANTED, 5.0, 5.5, *args) == R.EXPIRED
+    assert form.fn(R.GRANTED, 5.0, 5.25, *args) is None

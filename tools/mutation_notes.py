@@ -26,13 +26,6 @@ EQUIVALENT: dict[str, str] = {
     "float threshold only decides when to give the shortcut up: a threshold is returned only once "
     "the rule says it is exact (due at it, not due at the float below), and giving up returns -inf "
     "(no shortcut: `due` asks the rule for each engine), so any bound gives the same `due` answers",
-    "specialise.py:_renew_form:statement deleted:"
-    "deadline = simplify(deadline, assume(applies))#0": (
-        "simplifying the deadline under the assumption that the renewal applies is an "
-        "optimisation: the unsimplified expression is the rule's own and equals the simplified "
-        "one wherever the loop uses it (only when it applies); tests/test_specialise.py proves "
-        "either equal to the rule"
-    ),
     # -- tracker.py --
     "tracker.py:HeartbeatTracker.due:LtE -> Lt:self._last_now <= now < self._next_at#0": _FAST_PATH
     + " (`now == last` then takes `_clock(now)`, which accepts it, and the scan finds nothing "
