@@ -5,11 +5,12 @@ non-ASCII ids that fills its message exactly."""
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 
 from leaseproto.core import wire
-from leaseproto.core.sym import conj, disj, neg
+from leaseproto.core.sym import conj, disj, neg, vmax, vmin
 
 
 def test_conj_and_disj_on_plain_bools_with_any_number_of_operands() -> None:
@@ -17,6 +18,15 @@ def test_conj_and_disj_on_plain_bools_with_any_number_of_operands() -> None:
         for conds in itertools.product([False, True], repeat=n):
             assert conj(*conds) is all(conds), conds
             assert disj(*conds) is any(conds), conds
+
+
+def test_vmax_and_vmin_give_their_first_operand_on_a_tie() -> None:
+    """``0.0`` and ``-0.0`` tie: each helper returns ``a``, as its docstring says."""
+    for a, b in ((0.0, -0.0), (-0.0, 0.0)):
+        for helper in (vmax, vmin):
+            assert math.copysign(1.0, helper(a, b)) == math.copysign(1.0, a), (helper, a, b)
+    assert vmax(1.0, 2.0) == vmax(2.0, 1.0) == 2.0
+    assert vmin(1.0, 2.0) == vmin(2.0, 1.0) == 1.0
 
 
 def test_neg_on_plain_bools_is_a_plain_bool() -> None:
