@@ -36,6 +36,20 @@ def test_release_takes_its_times_by_keyword_only() -> None:
     assert (r.granted_at, r.deadline, r.last_renewal) == (0.0, 1.0, None)
 
 
+def test_the_other_events_take_their_counts_and_times_by_keyword_only() -> None:
+    with pytest.raises(TypeError):
+        events.LateTransfer("r", ReleaseReason.EXPIRED, 2.0, 1.0)  # type: ignore[misc]
+    late = events.LateTransfer("r", ReleaseReason.EXPIRED, 2.0, ended_at=1.0)
+    assert (late.at, late.ended_at) == (2.0, 1.0)
+    assert events.LateTransfer("r", ReleaseReason.ABORTED, 2.0).ended_at == 0.0
+    with pytest.raises(TypeError):  # done, positionally
+        events.TransferCounted("r", 2.0, 1, readers=2)  # type: ignore[misc]
+    with pytest.raises(TypeError):  # readers, positionally
+        events.TransferCounted("r", 2.0, 2, done=1)  # type: ignore[misc]
+    counted = events.TransferCounted("r", 2.0, done=1, readers=2)
+    assert (counted.done, counted.readers) == (1, 2)
+
+
 def test_a_clock_sample_is_kept_only_when_its_round_trip_is_shorter() -> None:
     c = ClockOffset(rho=0.0)
     assert c.add_sample(t0=0.0, remote_time=10.0, t1=2.0)

@@ -19,6 +19,14 @@ _MORE_PARENS = (
     "change Python's parse: the same tree, so the same values"
 )
 
+#: conj's two-operand shortcut, narrowed (it admits fewer pairs, never a non-bool)
+_CONJ_FAST = (
+    "conj's shortcut for two plain bools (`a and b`) taken for fewer pairs: it still admits "
+    "only pairs of bools (so never asks a z3 or traced term for its truth value), and a pair "
+    "it no longer takes falls through to the loop, which finds no symbolic operand and "
+    "returns `False not in conds`: the same bool as `a and b` for every pair of bools"
+)
+
 EQUIVALENT: dict[str, str] = {
     "tracker.py:HeartbeatTracker.track:LtE -> Lt:self._last_now <= now < _INF#0": _FAST_PATH
     + " (`now == last` then takes `_clock(now)`: it sets `_last_now = now`, as the fast path does)",
@@ -76,6 +84,13 @@ EQUIVALENT: dict[str, str] = {
     "False)`: the guard is read only for a row whose guard is not `Guard.ALWAYS` (both the "
     "lookup and the ite chain return `t.target` for ALWAYS without looking at it), and every "
     "RECV_ABORT row of TRANSITIONS is ALWAYS (an abort is unconditional, spec §8.4)",
+    # -- sym.py --
+    "sym.py:conj:or -> and:a is True or a is False#0": _CONJ_FAST,
+    "sym.py:conj:constant True -> False:True#0": _CONJ_FAST,
+    "sym.py:conj:constant False -> True:False#0": _CONJ_FAST,
+    "sym.py:conj:or -> and:b is True or b is False#0": _CONJ_FAST,
+    "sym.py:conj:constant True -> False:True#1": _CONJ_FAST,
+    "sym.py:conj:constant False -> True:False#1": _CONJ_FAST,
     # -- events.py --
     "events.py:make_releases:constant True -> False:True#0": "`zip(..., strict=False)`: the "
     "zip transposes the 4-tuples that one `attrgetter` of four fields returns, one per lease, "
