@@ -69,7 +69,8 @@ def test_every_event_is_frozen_and_slotted() -> None:
         assert "__slots__" in vars(cls) and "__dict__" not in dir(cls), f"{name} has no slots"
 
 
-def test_every_wire_message_is_frozen_and_hashable() -> None:
+def test_every_wire_message_is_frozen_hashable_and_slotted() -> None:
+    """A worker makes one per notification: no per-instance ``__dict__``."""
     from leaseproto.core import wire
 
     messages = [
@@ -86,3 +87,4 @@ def test_every_wire_message_is_frozen_and_hashable() -> None:
         with pytest.raises(dataclasses.FrozenInstanceError):
             setattr(message, field, getattr(message, field))
         assert hash(message) == hash(dataclasses.replace(message))
+        assert not hasattr(message, "__dict__"), type(message).__name__

@@ -3,7 +3,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from leaseproto.wire import Abort, Heartbeat, MalformedMessage, Nack, TransferDone
 
-from leaseproto import LeaseTable, wire
+from leaseproto import LeaseConfig, LeaseTable, wire
 
 ID_CHARS = st.characters(blacklist_categories=("Cs", "Cc"), blacklist_characters=",")
 ids = st.text(ID_CHARS, min_size=1, max_size=40).filter(
@@ -51,6 +51,15 @@ def test_unencodable_ids_raise_value_error(bad: object) -> None:
         wire.encode_heartbeat([bad])  # type: ignore[list-item]
     with pytest.raises(ValueError):
         wire.encode_transfer_done(bad)  # type: ignore[arg-type]
+
+
+def test_a_heartbeat_is_at_most_4096_bytes_by_default() -> None:
+    """``max_bytes`` defaults to ``LeaseConfig``'s ``max_notification_bytes``."""
+    ids = [c * 512 for c in "abcdefg"]  # 7 * 512 + 6 commas: 3,590 bytes
+    one = wire.encode_heartbeat([*ids, "h" * 503])  # "HB:" + 3,590 + "," + 503: 4,097
+    assert [len(m) for m in one] == [3 + 3590, 3 + 503]
+    (full,) = wire.encode_heartbeat([*ids, "h" * 502])  # exactly 4,096
+    assert len(full) == 4096 == LeaseConfig().max_notification_bytes
 
 
 def test_id_too_long_for_max_bytes() -> None:

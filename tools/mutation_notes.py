@@ -58,6 +58,8 @@ EQUIVALENT: dict[str, str] = {
     "exactly `room` bytes then goes to the cutting loop, which runs no round (`last = "
     "len(data) - room = 0`, so `start < last` fails) and appends `_HB + data[0:]`: the one "
     "message the shortcut returns",
+    "tracker.py:HeartbeatTracker.due:Gt -> GtE:len(due) > 1#0": "the guard only skips "
+    "sorting a list of one engine (or none); sorting it (`>= 1`) leaves it as it is",
     # -- deadlines.py --
     "deadlines.py:DeadlineQueue.take_due:Lt -> LtE:bucket[-1].seq < lease.seq#0": "the inline "
     "requeue appends instead of `bisect.insort` also when the bucket's last entry has the same "
