@@ -14,6 +14,7 @@ import itertools
 import math
 import operator
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -273,6 +274,21 @@ def test_make_release_equals_the_constructor(  # noqa: PLR0917
     assert type(fast) is Release
     with pytest.raises(dataclasses.FrozenInstanceError):
         fast.at = 0.0  # type: ignore[misc]
+
+
+def test_make_releases_equals_make_release_per_lease_and_none_for_no_lease() -> None:
+    from leaseproto.core.events import make_releases
+
+    leases = [
+        SimpleNamespace(req_id="a", granted_at=1.0, deadline=5.0, last_renewal=None),
+        SimpleNamespace(req_id="b", granted_at=2.0, deadline=7.0, last_renewal=3.0),
+    ]
+    got = make_releases(leases, ReleaseReason.EXPIRED, 8.0)
+    assert got == [
+        make_release("a", ReleaseReason.EXPIRED, 8.0, 1.0, 5.0, None),
+        make_release("b", ReleaseReason.EXPIRED, 8.0, 2.0, 7.0, 3.0),
+    ]
+    assert make_releases([], ReleaseReason.EXPIRED, 8.0) == []
 
 
 def test_a_burst_of_expiries_matches_one_by_one_and_shares_tombstones() -> None:
