@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from leaseproto import LeaseConfig
@@ -25,6 +27,8 @@ def test_advertisement_round_trips_as_durations() -> None:
         {"v": 1, "lease": {"kv_lease_duration": 3, "lease_extension": -2}},
         {"v": 1, "lease": {"kv_lease_duration": 3, "lease_extension": float("nan")}},
         {"v": 1, "lease": {"kv_lease_duration": True, "lease_extension": 2}},
+        {"v": 1, "lease": {"kv_lease_duration": 3, "lease_extension": 0}},
+        {"v": 1, "lease": {"kv_lease_duration": 3, "lease_extension": 2, "max_lease_lifetime": 0}},
         {"v": 1, "lease": {"kv_lease_duration": 3}},  # a required setting missing
         {"v": 1, "lease": {"kv_lease_duration": None, "lease_extension": 2}},
     ],
@@ -58,6 +62,38 @@ def test_step_time_counts_against_the_extension() -> None:
 def test_t1_needs_the_interval_below_the_initial_lease() -> None:
     why = mismatch(PeerLease(4.0, 10.0), LeaseConfig(30.0, heartbeat_interval=5.0))
     assert why is not None and "T1" in why and "kv_lease_duration 4 s" in why
+
+
+def test_the_advertised_settings_are_a_frozen_value() -> None:
+    p = PeerLease.parse(advertisement(LeaseConfig(30.0)))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.lease_extension = 1.0  # type: ignore[misc]
+    assert hash(p) == hash(PeerLease.parse(advertisement(LeaseConfig(30.0))))
+
+
+def test_a_heartbeat_interval_equal_to_the_extension_or_the_lease_is_refused() -> None:
+    # a heartbeat due exactly at the deadline is too late (it does not revive: I2)
+    d = LeaseConfig(30.0, heartbeat_interval=5.0)
+    why = mismatch(PeerLease(30.0, 5.0), d)
+    assert why is not None and "T2" in why and "T1" not in why
+    why = mismatch(PeerLease(5.0, 10.0), d)
+    assert why is not None and "T1" in why and "T2" not in why
+    assert mismatch(PeerLease(5.5, 5.5), d) is None
+
+
+def test_step_time_counts_against_the_initial_lease_too() -> None:
+    p, d = PeerLease(6.0, 10.0), LeaseConfig(30.0, heartbeat_interval=5.0)
+    assert mismatch(p, d, step_time=0.5) is None
+    why = mismatch(p, d, step_time=2.0)  # 5 + 2 >= 6, but 7 < 10
+    assert why is not None and "T1" in why and "T2" not in why and "step time 2 s" in why
+
+
+def test_a_pair_that_tolerates_one_lost_heartbeat_is_not_warned() -> None:
+    d = LeaseConfig(30.0, heartbeat_interval=5.0)
+    assert fragile(PeerLease(30.0, 15.0), d) is None  # ceil(15 / 5) - 2 = 1
+    assert fragile(PeerLease(30.0, 10.0), d) is not None  # ceil(10 / 5) - 2 = 0
+    # one at or past the extension is mismatch's refusal, not a warning
+    assert fragile(PeerLease(30.0, 5.0), d) is None and mismatch(PeerLease(30.0, 5.0), d)
 
 
 def test_a_pair_that_tolerates_no_lost_heartbeat_is_warned() -> None:

@@ -49,13 +49,15 @@ def advertisement(config: LeaseConfig) -> dict[str, Any]:
     }
 
 
-def _seconds(d: dict[str, Any], key: str, *, optional: bool = False) -> float | None:
+def _seconds(d: dict[str, Any], key: str) -> float:
     v = d.get(key)
-    if v is None and optional:
-        return None
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
         raise ValueError(f"advertised lease setting {key!r} must be seconds > 0, got {v!r}")
     return float(v)
+
+
+def _optional_seconds(d: dict[str, Any], key: str) -> float | None:
+    return None if d.get(key) is None else _seconds(d, key)
 
 
 @dataclass(frozen=True)
@@ -75,14 +77,11 @@ class PeerLease:
         if adv.get("v") != VERSION:
             raise ValueError(f"unknown {PARAMS_KEY!r} version {adv.get('v')!r}")
         lease = adv["lease"]
-        initial = _seconds(lease, "kv_lease_duration")
-        extension = _seconds(lease, "lease_extension")
-        assert initial is not None and extension is not None
         return cls(
-            kv_lease_duration=initial,
-            lease_extension=extension,
-            heartbeat_interval=_seconds(lease, "heartbeat_interval", optional=True),
-            max_lease_lifetime=_seconds(lease, "max_lease_lifetime", optional=True),
+            kv_lease_duration=_seconds(lease, "kv_lease_duration"),
+            lease_extension=_seconds(lease, "lease_extension"),
+            heartbeat_interval=_optional_seconds(lease, "heartbeat_interval"),
+            max_lease_lifetime=_optional_seconds(lease, "max_lease_lifetime"),
         )
 
 
