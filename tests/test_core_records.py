@@ -24,6 +24,14 @@ def test_stats_records_default_to_zero() -> None:
         assert values and all(v == 0 for v in values.values()), values
 
 
+def test_stats_records_are_frozen_and_slotted() -> None:
+    # a snapshot: the caller cannot change a table's or tracker's counters through it
+    for record in (TableStats(), TrackerStats()):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            record.live = 1  # type: ignore[misc]
+        assert not hasattr(record, "__dict__"), type(record).__name__
+
+
 def test_a_fresh_table_and_tracker_report_zero() -> None:
     assert asdict(LeaseTable(LeaseConfig()).stats) == asdict(TableStats())
     assert asdict(HeartbeatTracker(LeaseConfig()).stats) == asdict(TrackerStats())
