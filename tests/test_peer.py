@@ -43,6 +43,7 @@ def test_p_at_3_s_and_d_at_30_s_is_refused_naming_both_values() -> None:
     why = mismatch(p, LeaseConfig(30.0))  # D heartbeats every 5 s
     assert why is not None
     assert "heartbeat_interval 5 s" in why and "lease_extension 2 s" in why and "T2" in why
+    assert "step time" not in why  # none was given
 
 
 def test_same_settings_pass() -> None:
@@ -107,3 +108,11 @@ def test_first_contact_names_the_rank_and_skips_ranks_that_did_not_advertise() -
     problem, warning = first_contact([None, good, bad], LeaseConfig(30.0))
     assert problem is not None and problem.startswith("P rank 2:") and warning is None
     assert first_contact([None, good], LeaseConfig(30.0)) == (None, None)
+
+
+def test_first_contact_warns_of_a_fragile_rank_when_none_is_refused() -> None:
+    good = PeerLease.parse(advertisement(LeaseConfig(30.0)))
+    thin = PeerLease(30.0, 8.0)  # E 8 s over H 5 s: no lost heartbeat tolerated
+    problem, warning = first_contact([good, None, thin], LeaseConfig(30.0))
+    assert problem is None and warning is not None and warning.startswith("P rank 2:")
+    assert "tolerates no lost heartbeat" in warning
