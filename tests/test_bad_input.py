@@ -12,6 +12,7 @@ import pytest
 
 from leaseproto import HeartbeatTracker, LeaseConfig, LeaseTable, LocalProtocolError, wire
 from leaseproto.core.checks import check_count, check_wire_id
+from leaseproto.core.errors import LeaseProtocolError, RemoteProtocolError
 
 BAD_NOW = [math.nan, math.inf, -math.inf]
 
@@ -199,3 +200,13 @@ def test_an_id_that_is_not_utf_8_is_refused_as_misuse() -> None:
         LeaseTable(LeaseConfig()).grant(bad, now=0.0)
     with pytest.raises(LocalProtocolError, match="UTF-8"):
         HeartbeatTracker(LeaseConfig()).track("d", engine_id="p", remote_req_id=bad, now=0.0)
+
+
+def test_the_base_protocol_error_is_abstract_and_its_two_kinds_are_not() -> None:
+    with pytest.raises(TypeError, match="abstract"):
+        LeaseProtocolError("boom")
+    for cls in (LocalProtocolError, RemoteProtocolError):
+        err = cls("boom")
+        assert isinstance(err, LeaseProtocolError) and err.args == ("boom",)
+        with pytest.raises(LeaseProtocolError, match="boom"):
+            raise err
