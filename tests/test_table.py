@@ -325,6 +325,20 @@ def test_a_lease_renewed_onto_a_later_grant_s_deadline_goes_first(peek: bool) ->
     assert [r.req_id for r in t.expire(now=40.0)] == ["a", "b"]
 
 
+@pytest.mark.parametrize("peek", [False, True])
+def test_a_lease_renewed_onto_an_earlier_grant_s_deadline_goes_after_it(peek: bool) -> None:
+    t = table()
+    t.grant("b", now=0.0, ttl=40.0)  # granted first
+    t.grant("a", now=0.0)  # 30
+    t.renew(["a"], now=20.0)  # a -> 40
+    if peek:
+        assert t.next_deadline() == 40.0
+    assert t.expire(now=39.0) == []
+    _check_queue(t)
+    assert [r.req_id for r in t.expire(now=40.0)] == ["b", "a"]
+    assert len(t) == 0
+
+
 def test_the_queue_is_compacted_once_stale_entries_outnumber_the_live_by_1024() -> None:
     # compaction walks the whole queue: it waits until the stale entries are more than
     # the live leases plus 1024, so its cost is spread over that many ends

@@ -66,6 +66,10 @@ EQUIVALENT: dict[str, str] = {
     "`seq`: a bucket is always sorted by `seq` (`push` takes the largest `seq` yet, every other "
     "insertion goes in order, `compact` and `copy` keep the order), so `insort` (insort_right: "
     "after every entry whose key is `<=`) puts the lease at the end too, as `append` does",
+    "deadlines.py:DeadlineQueue.requeue:Gt -> GtE:bucket[-1].seq > lease.seq#0": "`requeue` "
+    "takes `bisect.insort` instead of `push` (an append, the bucket existing) also when the "
+    "bucket's last entry has the same `seq`; a bucket is sorted by `seq`, so insort_right puts "
+    "the lease at the end too: the same list (the take_due entry above, for the inline copy)",
     # -- renewal.py --
     "renewal.py:Renewals.renew:or -> and:type(req_ids) is list or type(req_ids) is tuple#0": (
         "a fast-path guard: with it failing, a list or tuple of ids is copied with `list()` "
