@@ -77,5 +77,9 @@ def test_rules_on_floats() -> None:
     assert R.transfer_done_state(g, 1, 2) == R.TRANSFERRED
     assert R.transfer_done_state(g, 0, 2) == g
     assert R.transfer_done_count(R.ABORTED, 1) == 1
+    assert R.transfer_done_count(g, 1) == 2
+    assert R.renew_applies(g, 30.0, 15.0) is True
+    assert R.renew_applies(g, 30.0, 30.0) is False  # lapsed
+    assert R.renew_applies(R.EXPIRED, 30.0, 10.0) is False
     assert R.abort_state(R.TRANSFERRED) == R.TRANSFERRED
     assert R.heartbeat_due(0.0, 5.0, 5.0) and not R.heartbeat_due(0.0, 4.9, 5.0)
