@@ -78,6 +78,20 @@ def test_track_twice_and_time_going_back_are_misuse() -> None:
     assert t.engine_of("d1") == "P0"
 
 
+def test_a_step_with_nothing_due_still_moves_the_clock() -> None:
+    """``now`` of a step that sends nothing is the new last ``now``: an earlier
+    one after it is refused, by ``due`` and by ``track``."""
+    t = HeartbeatTracker(CFG)  # interval 5
+    t.track("d1", engine_id="P0", now=0.0)
+    assert t.due(now=0.0) == {"P0": ["d1"]}
+    assert t.due(now=2.0) == {}
+    with pytest.raises(LocalProtocolError, match="backwards"):
+        t.due(now=1.0)
+    with pytest.raises(LocalProtocolError, match="backwards"):
+        t.track("d2", engine_id="P0", now=1.5)
+    assert "d2" not in t and t.due(now=2.0) == {}
+
+
 def test_stats_count_heartbeats_and_ids() -> None:
     t = HeartbeatTracker(CFG)
     t.track("d1", engine_id="P0", now=0.0)

@@ -60,6 +60,11 @@ EQUIVALENT: dict[str, str] = {
     "message the shortcut returns",
     "tracker.py:HeartbeatTracker.due:Gt -> GtE:len(due) > 1#0": "the guard only skips "
     "sorting a list of one engine (or none); sorting it (`>= 1`) leaves it as it is",
+    # -- clock.py --
+    "clock.py:ClockOffset.__init__:statement deleted:self._rtt = math.inf#0": "`_rtt` is read "
+    "only where `_offset` is not None (the comparison in `add_sample`, `uncertainty`), and the "
+    "one place that sets `_offset` (`add_sample`) sets `_rtt` just before it: the initial value "
+    "is never read (an unset slot also copies as nothing: the checker's `copy.copy`)",
     # -- deadlines.py --
     "deadlines.py:DeadlineQueue.take_due:Lt -> LtE:bucket[-1].seq < lease.seq#0": "the inline "
     "requeue appends instead of `bisect.insort` also when the bucket's last entry has the same "
