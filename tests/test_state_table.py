@@ -83,3 +83,7 @@ def test_rules_on_floats() -> None:
     assert R.renew_applies(R.EXPIRED, 30.0, 10.0) is False
     assert R.abort_state(R.TRANSFERRED) == R.TRANSFERRED
     assert R.heartbeat_due(0.0, 5.0, 5.0) and not R.heartbeat_due(0.0, 4.9, 5.0)
+    assert R.heartbeat_due(1.0, 5.0, 4.0) and not R.heartbeat_due(1.0, 4.5, 4.0)
+    # I9: strictly before the peer's deadline, margin and uncertainty included
+    assert R.read_allowed(10.0, 7.0, 0.5, 0.25, 2.0)  # 9.25 < 9.5
+    assert not R.read_allowed(10.0, 7.0, 0.5, 0.25, 2.25)  # 9.5 is not < 9.5
