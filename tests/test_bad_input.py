@@ -45,6 +45,25 @@ def test_every_table_input_refuses_a_non_finite_now(now: float) -> None:
     assert [r.req_id for r in t.expire(now=31.0)] == ["a"]
 
 
+@pytest.mark.parametrize("now", [None, "2", [2.0]])
+def test_every_table_input_refuses_a_now_that_is_not_a_number(now: object) -> None:
+    # compared with the clock, these raise TypeError: each input says LocalProtocolError
+    t = LeaseTable()
+    t.grant("a", now=1.0)
+    for call in (
+        lambda: t.renew_heartbeat(b"HB:a", now=now),  # type: ignore[arg-type]
+        lambda: t.renew(["a"], now=now),  # type: ignore[arg-type]
+        lambda: t.transfer_done("a", now=now),  # type: ignore[arg-type]
+        lambda: t.abort("a", now=now),  # type: ignore[arg-type]
+        lambda: t.expire(now=now),  # type: ignore[arg-type]
+    ):
+        with pytest.raises(LocalProtocolError, match="finite number"):
+            call()
+    assert t.deadline("a") == 31.0 and t.stats.renewed == 0
+    assert t.renew_heartbeat(b"HB:a", now=2.0) == ["a"] and t.deadline("a") == 31.0
+    assert [r.req_id for r in t.expire(now=31.0)] == ["a"]
+
+
 @pytest.mark.parametrize("now", BAD_NOW)
 def test_a_fresh_table_refuses_a_non_finite_now_as_its_first_input(now: float) -> None:
     # the clock starts at -inf: the first call's check must still refuse now=-inf

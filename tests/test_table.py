@@ -1,5 +1,7 @@
 """Unit tests of LeaseTable, rule by rule (spec §8.1-8.5). Invariant ids in names."""
 
+import copy
+
 import pytest
 
 from leaseproto import (
@@ -12,6 +14,7 @@ from leaseproto import (
     TransferCounted,
 )
 from leaseproto.core.deadlines import DeadlineQueue
+from leaseproto.core.lease import Lease
 
 CFG = LeaseConfig()  # 30 s lease, 5 s interval, 20 s extension
 
@@ -354,6 +357,46 @@ def test_the_queue_is_compacted_once_stale_entries_outnumber_the_live_by_1024() 
     assert len(t._queue) == 10 and t._queue.stale == 0
     _check_queue(t)
     assert len(t.expire(now=30.0)) == 10
+
+
+def test_compaction_keeps_the_deadlines_in_heap_order() -> None:
+    # the live leases' deadlines were queued latest first; after compaction the
+    # earliest must still come first
+    t = table()
+    for ttl in (100.0, 90.0, 80.0):
+        t.grant(f"l{ttl:g}", now=0.0, ttl=ttl)
+    for i in range(3 + 1025):
+        t.grant(f"x{i}", now=0.0)
+        t.abort(f"x{i}", now=0.0)
+    assert len(t._queue) == 3  # compacted
+    assert t.next_deadline() == 80.0
+    assert [r.req_id for r in t.expire(now=85.0)] == ["l80"]
+    assert [r.req_id for r in t.expire(now=100.0)] == ["l90", "l100"]
+
+
+def test_a_copy_of_the_queue_holds_the_same_entries_and_is_independent() -> None:
+    # the model checker's clones: remap gives each entry its lease's copy
+    t = table()
+    for rid in "abc":
+        t.grant(rid, now=0.0)
+    t.grant("d", now=1.0)
+    t.abort("b", now=2.0)  # one stale entry
+    q = t._queue
+    before = list(q.entries())
+    twins: dict[str, Lease] = {}
+
+    def remap(lease: Lease) -> Lease:
+        return twins.setdefault(lease.req_id, copy.copy(lease))
+
+    new = q.copy(remap)
+    assert [(d, x.req_id) for d, x in new.entries()] == [(d, x.req_id) for d, x in before]
+    assert all(x is twins[x.req_id] for _, x in new.entries())
+    assert new.stale == q.stale == 1 and len(new) == len(q) == 4
+    live = {rid: twins[rid] for rid in "acd"}
+    assert [x.req_id for x in new.take_due(30.0, live)] == ["a", "c"]  # b's stale: dropped
+    assert new.stale == 0 and new.next_deadline(live) == 31.0
+    assert list(q.entries()) == before and q.stale == 1  # the original is untouched
+    assert q.next_deadline(t._leases) == 30.0
 
 
 # -- transfer-done ------------------------------------------------------------------------

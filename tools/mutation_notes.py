@@ -82,9 +82,18 @@ EQUIVALENT: dict[str, str] = {
         "(zipped with `found`, which fixes their number, never stored, indexed or returned), "
         "so every call renews, counts and reports the same (also with `lost` the same list)"
     ),
+    "renewal.py:Renewals._known_or_valid:constant True -> False:True#0": "`zip(ids, found, "
+    "strict=False)`: `found` is `list(map(self._leases.get, ids))`, made from `ids` just "
+    "before, so the two always have the same length and `strict` never raises",
     "renewal.py:Renewals._known_or_valid:return None:return False#0": "its one caller, "
     "`renew_heartbeat`, reads the answer only as `not self._known_or_valid(...)`, and `None` "
     "is falsy as `False` is: the payload is refused (None returned, nothing changed) either way",
+    # -- table.py --
+    "table.py:<module>:constant 0 -> 1:0#0": "`_consume = deque(maxlen=1).extend`: the deque "
+    "then keeps the last item of what it consumes, and everything it consumes is a `map` of "
+    "`dict.__delitem__`, `OrderedDict.move_to_end` (or, before 93776db, the `state` slot's "
+    "setter), which return None: it keeps a None, "
+    "no object of the table's (the calls run the same, consumed to the end either way)",
     # -- rules.py --
     "rules.py:<module>:constant 1 -> 2:1#0": "`NO_ROW = -1` -> `-2`: NO_ROW only has to be no "
     "state (LeaseState is 0..4), and -2 is none either; every use compares with the name "

@@ -33,9 +33,7 @@ class Renewals:
     _last_now: float
     _renew_loop: Callable[..., int] | None
     _renew_rule: Callable[..., tuple[bool, float]]  # the rule _renew_loop was built from
-
-    def _clock(self, now: float) -> None:
-        raise NotImplementedError
+    _clock: Callable[[float], None]  # the table's: advances its clock to now, or raises
 
     def renew(self, req_ids: Iterable[str], *, now: float, lost: list[str] | None = None) -> int:
         """Apply one heartbeat: every live lease named gets
