@@ -468,6 +468,16 @@ def test_staging_is_bounded_in_time_and_count() -> None:
     assert t.stats.early_dropped == 2
 
 
+def test_with_no_staging_an_early_notification_is_dropped_and_counted() -> None:
+    t = table(staging_capacity=0)
+    assert t.transfer_done("a", now=0.0) is None
+    assert t.abort("b", now=0.0) is None
+    s = t.stats
+    assert (s.early_dropped, s.early_staged) == (2, 0)
+    assert t.grant("a", now=1.0) is None and t.grant("b", now=1.0) is None  # nothing applied
+    assert t.live() == ["a", "b"] and t.stats.early_applied == 0
+
+
 def test_tombstones_are_bounded_in_time_and_count() -> None:
     t = table(tombstone_ttl=10.0, tombstone_capacity=2)
     for rid in ("a", "b", "c"):
