@@ -32,6 +32,16 @@ def test_stats_records_are_frozen_and_slotted() -> None:
         assert not hasattr(record, "__dict__"), type(record).__name__
 
 
+def test_a_clock_and_the_tracker_s_engine_records_are_slotted() -> None:
+    """One per peer (ClockOffset) and one per P engine (the tracker's map of an
+    engine's requests): no per-instance ``__dict__``."""
+    assert not hasattr(ClockOffset(), "__dict__")
+    t = HeartbeatTracker(LeaseConfig())
+    t.track("d1", engine_id="P0", now=0.0)
+    (reqs,) = t._by_engine.values()
+    assert not hasattr(reqs, "__dict__") and reqs.engine == "P0" and reqs == {"d1": "d1"}
+
+
 def test_a_fresh_table_and_tracker_report_zero() -> None:
     assert asdict(LeaseTable(LeaseConfig()).stats) == asdict(TableStats())
     assert asdict(HeartbeatTracker(LeaseConfig()).stats) == asdict(TrackerStats())

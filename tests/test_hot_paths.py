@@ -310,6 +310,16 @@ def test_tracker_payloads_are_encode_heartbeat_byte_for_byte(
     assert got == want
 
 
+def test_tracker_payloads_keep_a_last_message_that_fills_its_room_whole() -> None:
+    """After the first cut the rest is exactly ``room`` bytes and holds a comma:
+    it is one message, as ``encode_heartbeat`` packs it, not cut again."""
+    t = HeartbeatTracker(LeaseConfig())
+    ids = ["x" * 10, "b" * 4, "c" * 5]  # room 10: "x"*10 | "bbbb,ccccc" (10 bytes)
+    want = [b"HB:" + b"x" * 10, b"HB:bbbb,ccccc"]
+    assert wire.encode_heartbeat(ids, max_bytes=13) == want
+    assert t.payloads(ids, max_bytes=13) == want
+
+
 def test_tracker_payloads_default_to_the_configured_size() -> None:
     t = HeartbeatTracker(LeaseConfig())
     ids = [f"chatcmpl-{i:040d}" for i in range(300)]

@@ -60,6 +60,10 @@ EQUIVALENT: dict[str, str] = {
     "message the shortcut returns",
     "tracker.py:HeartbeatTracker.due:Gt -> GtE:len(due) > 1#0": "the guard only skips "
     "sorting a list of one engine (or none); sorting it (`>= 1`) leaves it as it is",
+    "tracker.py:HeartbeatTracker.payloads:Lt -> LtE:cut < 0#0": "`cut == 0` would need a "
+    "comma at the start of the joined ids (`rfind` from `start`, and `start` is 0 only in "
+    "the first round), that is an empty first id, which `track` refuses; for the ids "
+    "`payloads` takes (checked by `track`) `cut` is -1 or past the first id, never 0",
     # -- clock.py --
     "clock.py:ClockOffset.__init__:statement deleted:self._rtt = math.inf#0": "`_rtt` is read "
     "only where `_offset` is not None (the comparison in `add_sample`, `uncertainty`), and the "
