@@ -117,6 +117,17 @@ def test_bad_consumers_is_local_misuse(bad: object) -> None:
         LeaseTable().grant("a", now=0.0, consumers=bad)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2", 2**32])
+def test_bad_readers_is_local_misuse_and_changes_nothing(bad: object) -> None:
+    t = LeaseTable()
+    t.grant("a", now=0.0, consumers=2)
+    for rid in ("a", "early"):  # a live lease, and an id that would be staged
+        with pytest.raises(LocalProtocolError, match="readers"):
+            t.transfer_done(rid, now=1.0, readers=bad)  # type: ignore[arg-type]
+    assert t.lease_info("a")["done"] == 0 and t.stats.early_staged == 0  # type: ignore[index]
+    assert t.transfer_done("a", now=1.0, readers=1) is not None and "a" not in t
+
+
 # -- durations: derived values must be finite too (C1) ---------------------------------------
 @pytest.mark.parametrize("duration", [1e308, 1.5e308])
 def test_config_refuses_a_duration_that_derives_an_infinite_extension(duration: float) -> None:

@@ -71,9 +71,8 @@ SEEDED: dict[str, tuple[Any, str, str, str, Any, str]] = {
     "no tombstone for ABORTED": (
         LeaseTable,
         "_end",
-        "self._ended[lease.req_id] = tomb\n    self._ended.move_to_end(lease.req_id)",
-        "if state != R.ABORTED:\n        self._ended[lease.req_id] = tomb\n"
-        "        self._ended.move_to_end(lease.req_id)",
+        "self._ended[lease.req_id] = tomb",
+        "if state != R.ABORTED:\n        self._ended[lease.req_id] = tomb",
         SCOPES["small"],
         "I13",
     ),

@@ -153,6 +153,8 @@ def test_every_lease_in_the_live_map_is_granted(ops: list[tuple[str, str]]) -> N
         except LocalProtocolError:
             pass
         assert all(lease.state == R.GRANTED for lease in t._leases.values())
+        # and no live id has a tombstone (grant drops it): ending one appends its tombstone
+        assert not t._ended.keys() & t._leases.keys()
 
 
 # -- P's worker: the fused path against decoding every message -------------------------------

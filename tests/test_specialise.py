@@ -234,6 +234,28 @@ def test_the_deadline_queue_follows_a_rule_that_moves_a_deadline_back(
     assert t.next_deadline() is None
 
 
+def test_expire_takes_the_leases_one_by_one_when_a_rebound_rule_spares_some(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a due rule with 5 s of grace: among the leases the queue finds due at 42, a (30) and
+    # c (36) are, b (40) is not yet: expire ends a and c and queues b again
+    def due_with_grace(state: Any, deadline: Any, now: Any) -> Any:
+        return R.conj(state == R.GRANTED, deadline + 5.0 <= now)
+
+    t = LeaseTable(LeaseConfig(tombstone_capacity=1))
+    t.grant("a", now=0.0)
+    t.grant("b", now=0.0, ttl=40.0)
+    t.grant("c", now=0.0, ttl=36.0)
+    monkeypatch.setattr(R, "expire_due", due_with_grace)
+    got = [(r.req_id, r.reason) for r in t.expire(now=42.0)]
+    assert got == [("a", ReleaseReason.EXPIRED), ("c", ReleaseReason.EXPIRED)]
+    assert t.stats.released_expired == 2 and t.live() == ["b"] and t.next_deadline() == 40.0
+    assert t.ended("c") is ReleaseReason.EXPIRED and t.ended("a") is None  # capacity 1
+    assert t.expire(now=44.0) == []
+    assert [r.req_id for r in t.expire(now=45.0)] == ["b"]
+    assert t.stats.released_expired == 3
+
+
 def test_expire_runs_a_rebound_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     def ends_aborted(state: Any, deadline: Any, now: Any) -> Any:
         return R.next_state(state, Input.RECV_ABORT, R.expire_due(state, deadline, now))

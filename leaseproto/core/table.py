@@ -80,8 +80,7 @@ class LeaseTable(Renewals):
         tomb = self._tomb
         if tomb[0] != state or tomb[1] is not now:
             tomb = self._tomb = (state, now)  # shared by the leases one call ends
-        self._ended[lease.req_id] = tomb
-        self._ended.move_to_end(lease.req_id)
+        self._ended[lease.req_id] = tomb  # new (a live id has none): the newest, last
         while len(self._ended) > self.config.tombstone_capacity:
             self._ended.popitem(last=False)
         reason = _REASON[state]
@@ -293,13 +292,10 @@ class LeaseTable(Renewals):
         """End ``due`` (live leases, in release order) as ``EXPIRED`` at ``now``, at
         C speed: out of the live map, one tombstone value shared (trimmed by the
         caller), a :class:`Release` each."""
-        leases, ended = self._leases, self._ended
         rids = list(map(_REQ_ID, due))
-        _consume(map(leases.__delitem__, rids))
-        size = len(ended)
-        ended.update(zip(rids, repeat((R.EXPIRED, now))))
-        if len(ended) != size + len(rids):  # an id already had a tombstone: newest last
-            _consume(map(ended.move_to_end, rids))
+        _consume(map(self._leases.__delitem__, rids))
+        # a live id has no tombstone (grant drops it), so each one is new: appended, newest last
+        self._ended.update(zip(rids, repeat((R.EXPIRED, now))))
         return make_releases(due, _REASON[R.EXPIRED], now)
 
     # -- queries --------------------------------------------------------------------------
