@@ -131,3 +131,17 @@ def test_non_finite_now_deadline_or_margin_is_local_misuse(bad: float) -> None:
     ):
         with pytest.raises(LocalProtocolError, match="finite"):
             call()
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_a_clock_with_no_sample_refuses_a_non_finite_argument_too(bad: float) -> None:
+    """Misuse is refused whether or not a sample was taken (not answered False)."""
+    c = ClockOffset()
+    for call in (
+        lambda: c.read_allowed(10.0, now=bad),
+        lambda: c.read_allowed(bad, now=1.0),
+        lambda: c.read_allowed(10.0, now=1.0, margin=bad),
+    ):
+        with pytest.raises(LocalProtocolError, match="finite"):
+            call()
+    assert not c.read_allowed(10.0, now=1.0) and c.samples == 0

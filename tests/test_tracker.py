@@ -195,6 +195,11 @@ def test_due_returns_the_engines_in_the_order_they_were_first_tracked() -> None:
     t.track("b", engine_id="B", now=1.0)
     t.track("c", engine_id="C", now=1.0)
     assert list(t.due(now=5.0).items()) == [("A", ["a"]), ("B", ["b"]), ("C", ["c"])]
+    # two due engines as well: C's successor D never sent, A due again
+    t.untrack("b")
+    t.untrack("c")
+    t.track("d", engine_id="D", now=6.0)
+    assert list(t.due(now=10.0).items()) == [("A", ["a"]), ("D", ["d"])]
 
 
 def test_the_threshold_is_the_first_float_at_which_the_oldest_engine_is_due() -> None:
@@ -213,6 +218,30 @@ def test_the_threshold_is_the_first_float_at_which_the_oldest_engine_is_due() ->
     assert not R.heartbeat_due(0.1, math.nextafter(thr, -math.inf), 0.5)
     assert t.due(now=math.nextafter(thr, -math.inf)) == {}
     assert t.due(now=thr) == {"A": ["a"]}
+
+
+def test_a_step_before_the_threshold_does_not_ask_the_rule(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The point of the threshold: a step before it (the same ``now`` as the
+    last step included) answers without calling ``heartbeat_due``."""
+    asked: list[float] = []
+    rule = R.heartbeat_due
+
+    def counting(last: float, now: float, interval: float) -> bool:
+        asked.append(now)
+        return rule(last, now, interval)
+
+    monkeypatch.setattr(R, "heartbeat_due", counting)  # before the tracker: no rebind after
+    t = HeartbeatTracker(CFG)  # interval 5
+    t.track("a", engine_id="A", now=0.0)
+    t.track("b", engine_id="B", now=0.0)
+    assert t.due(now=0.0) == {"A": ["a"], "B": ["b"]}
+    asked.clear()
+    for now in (0.0, 1.0, 4.9, 4.9):
+        assert t.due(now=now) == {}
+    assert asked == []
+    assert t.due(now=5.0) == {"A": ["a"], "B": ["b"]} and 5.0 in asked
 
 
 def test_a_rebound_rule_is_followed_at_the_next_step(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -27,6 +27,13 @@ _CONJ_FAST = (
     "returns `False not in conds`: the same bool as `a and b` for every pair of bools"
 )
 
+#: tracker.payloads's cutting loop: a cut at offset 0 cannot happen for the ids it takes
+_CUT_0 = (
+    "`cut == 0` would need a comma at the start of the joined ids (`rfind` from `start`, and "
+    "`start` is 0 only in the first round), that is an empty first id, which `track` refuses; "
+    "for the ids `payloads` takes (checked by `track`) `cut` is -1 or past the first id, never 0"
+)
+
 EQUIVALENT: dict[str, str] = {
     "tracker.py:HeartbeatTracker.track:LtE -> Lt:self._last_now <= now < _INF#0": _FAST_PATH
     + " (`now == last` then takes `_clock(now)`: it sets `_last_now = now`, as the fast path does)",
@@ -35,10 +42,6 @@ EQUIVALENT: dict[str, str] = {
     "the rule says it is exact (due at it, not due at the float below), and giving up returns -inf "
     "(no shortcut: `due` asks the rule for each engine), so any bound gives the same `due` answers",
     # -- tracker.py --
-    "tracker.py:HeartbeatTracker.due:LtE -> Lt:self._last_now <= now < self._next_at#0": _FAST_PATH
-    + " (`now == last` then takes `_clock(now)`, which accepts it, and the scan finds nothing "
-    "due below the threshold, the rule being monotone, so it returns `{}` and leaves the "
-    "counters as the fast path does; `_next_at` is derived again, which only moves the bound up)",
     "tracker.py:HeartbeatTracker._new_engine:constant 1 -> 2:1#0": "the order counter is "
     "read only as the sort key of `due` (`self._order.__getitem__`) and, in the checker's "
     "fingerprint, as ranks; counting by 2 keeps every engine's rank, so the same order",
@@ -60,10 +63,8 @@ EQUIVALENT: dict[str, str] = {
     "message the shortcut returns",
     "tracker.py:HeartbeatTracker.due:Gt -> GtE:len(due) > 1#0": "the guard only skips "
     "sorting a list of one engine (or none); sorting it (`>= 1`) leaves it as it is",
-    "tracker.py:HeartbeatTracker.payloads:Lt -> LtE:cut < 0#0": "`cut == 0` would need a "
-    "comma at the start of the joined ids (`rfind` from `start`, and `start` is 0 only in "
-    "the first round), that is an empty first id, which `track` refuses; for the ids "
-    "`payloads` takes (checked by `track`) `cut` is -1 or past the first id, never 0",
+    "tracker.py:HeartbeatTracker.payloads:Lt -> LtE:cut < 0#0": _CUT_0,
+    "tracker.py:HeartbeatTracker.payloads:constant 0 -> 1:0#1": "`cut < 1`: " + _CUT_0,
     # -- clock.py --
     "clock.py:ClockOffset.__init__:statement deleted:self._rtt = math.inf#0": "`_rtt` is read "
     "only where `_offset` is not None (the comparison in `add_sample`, `uncertainty`), and the "
