@@ -11,7 +11,7 @@ import math
 import pytest
 
 from leaseproto import HeartbeatTracker, LeaseConfig, LeaseTable, LocalProtocolError, wire
-from leaseproto.core.checks import check_count, check_wire_id
+from leaseproto.core.checks import advance, check_count, check_now, check_wire_id
 from leaseproto.core.errors import LeaseProtocolError, RemoteProtocolError
 
 BAD_NOW = [math.nan, math.inf, -math.inf]
@@ -213,6 +213,18 @@ def test_check_count_returns_the_count_it_accepts(value: int) -> None:
     assert check_count("readers", value, 7) == value
     with pytest.raises(LocalProtocolError, match="readers=8"):
         check_count("readers", 8, 7)
+
+
+def test_a_now_equal_to_the_last_is_taken_an_earlier_one_refused() -> None:
+    assert check_now(1.0, 1.0) == 1.0 and advance(1.0, 1.0) == 1.0
+    with pytest.raises(LocalProtocolError, match="backwards"):
+        check_now(0.5, 1.0)
+
+
+@pytest.mark.parametrize("now", ["1.0", None, [1.0]])
+def test_advance_refuses_a_now_that_is_not_a_number(now: object) -> None:
+    with pytest.raises(LocalProtocolError, match="finite number"):
+        advance(0.0, now)  # type: ignore[arg-type]
 
 
 def test_an_id_both_malformed_and_too_long_is_refused_for_the_malformation() -> None:

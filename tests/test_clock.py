@@ -106,6 +106,35 @@ def test_has_sample_is_a_bool() -> None:
     assert c.has_sample is True
 
 
+def test_without_drift_a_sample_wins_only_with_a_strictly_shorter_round_trip() -> None:
+    c = ClockOffset(rho=0.0)
+    assert c.add_sample(t0=10.0, remote_time=20.0, t1=12.0)  # +- 1
+    assert c.add_sample(t0=20.0, remote_time=30.0, t1=22.0) is False  # +- 1: a tie, later
+    assert c.add_sample(t0=0.0, remote_time=0.0, t1=2.0) is False  # +- 1: a tie, earlier
+    assert c.add_sample(t0=30.0, remote_time=0.0, t1=32.5) is False  # +- 1.25
+    assert c.sampled_at == 10.0
+    assert c.add_sample(t0=40.0, remote_time=50.0, t1=41.5) is True  # +- 0.75
+    assert (c.sampled_at, c.uncertainty, c.offset) == (40.0, 0.75, 9.25)
+
+
+def test_a_late_sample_is_aged_by_the_time_to_the_kept_one() -> None:
+    c = ClockOffset(rho=0.01)  # 0.0202 s a second
+    assert c.add_sample(t0=100.0, remote_time=200.0, t1=100.5)  # +- 0.25 at 100
+    # taken at 99: +- 0.0625 + 0.0202 = 0.0827 at 100, better
+    assert c.add_sample(t0=99.0, remote_time=199.0, t1=99.125) is True
+    assert (c.sampled_at, c.uncertainty) == (99.0, 0.0625)
+    assert c.uncertainty_at(109.0) == pytest.approx(0.0625 + 0.02 / 0.99 * 10)
+    assert c.uncertainty_at(89.0) == pytest.approx(0.0625 + 0.02 / 0.99 * 10)
+
+
+def test_a_clock_with_no_sample_has_no_uncertainty_nor_time() -> None:
+    c = ClockOffset()
+    for read in (lambda: c.uncertainty, lambda: c.sampled_at, lambda: c.uncertainty_at(0.0)):
+        with pytest.raises(ValueError, match="no clock sample"):
+            read()
+    assert c.read_allowed(1e9, now=0.0) is False
+
+
 def test_without_drift_the_lowest_round_trip_wins_as_before() -> None:
     c = ClockOffset(rho=0.0)
     c.add_sample(t0=0.0, remote_time=0.05, t1=0.1)

@@ -58,6 +58,12 @@ def test_unsafe_values_name_key_and_rule(kwargs: dict[str, object], match: str) 
         LeaseConfig(**kwargs)  # type: ignore[arg-type]
 
 
+def test_a_cap_equal_to_the_initial_lease_is_allowed_C4() -> None:
+    assert LeaseConfig(kv_lease_duration=30, max_lease_lifetime=30).max_lease_lifetime == 30.0
+    with pytest.raises(ValueError, match="C4"):
+        LeaseConfig(kv_lease_duration=30, max_lease_lifetime=29.9)
+
+
 def test_zero_margin_is_allowed() -> None:
     assert LeaseConfig(safety_margin=0).safety_margin == 0.0
 

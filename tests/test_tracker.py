@@ -92,6 +92,25 @@ def test_a_step_with_nothing_due_still_moves_the_clock() -> None:
     assert "d2" not in t and t.due(now=2.0) == {}
 
 
+@pytest.mark.parametrize("now", ["1.0", None, [1.0]])
+def test_a_now_that_is_not_a_number_is_misuse(now: object) -> None:
+    t = HeartbeatTracker(CFG)
+    t.track("d1", engine_id="P0", now=0.0)
+    t.due(now=0.0)
+    with pytest.raises(LocalProtocolError, match="now"):
+        t.track("d2", engine_id="P0", now=now)  # type: ignore[arg-type]
+    with pytest.raises(LocalProtocolError, match="now"):
+        t.due(now=now)  # type: ignore[arg-type]
+    assert "d2" not in t and t.due(now=5.0) == {"P0": ["d1"]}
+
+
+def test_a_local_id_that_is_not_a_str_is_misuse() -> None:
+    t = HeartbeatTracker(CFG)
+    with pytest.raises(LocalProtocolError, match="must be a str"):
+        t.track(7, engine_id="P0", remote_req_id="r7", now=0.0)  # type: ignore[arg-type]
+    assert len(t) == 0 and t.engines() == []
+
+
 def test_stats_count_heartbeats_and_ids() -> None:
     t = HeartbeatTracker(CFG)
     t.track("d1", engine_id="P0", now=0.0)
@@ -218,6 +237,15 @@ def test_the_threshold_is_the_first_float_at_which_the_oldest_engine_is_due() ->
     assert not R.heartbeat_due(0.1, math.nextafter(thr, -math.inf), 0.5)
     assert t.due(now=math.nextafter(thr, -math.inf)) == {}
     assert t.due(now=thr) == {"A": ["a"]}
+    # 1.48 + 5.0 rounds up past the first float at which 1.48 is 5 s old, 3.7 + 5.0
+    # rounds down to a float at which 3.7 is not 5 s old yet
+    for last, side in ((1.48, -1), (3.7, 1)):
+        t = HeartbeatTracker(CFG)
+        t.track("a", engine_id="A", now=last)
+        t.due(now=last)
+        thr = t._threshold()
+        assert (thr - (last + 5.0)) * side > 0 and R.heartbeat_due(last, thr, 5.0)
+        assert not R.heartbeat_due(last, math.nextafter(thr, -math.inf), 5.0)
 
 
 def test_a_step_before_the_threshold_does_not_ask_the_rule(
@@ -242,6 +270,20 @@ def test_a_step_before_the_threshold_does_not_ask_the_rule(
         assert t.due(now=now) == {}
     assert asked == []
     assert t.due(now=5.0) == {"A": ["a"], "B": ["b"]} and 5.0 in asked
+
+
+def test_a_rule_that_gives_no_threshold_gives_no_shortcut(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``_threshold`` gives up (-inf: ``due`` asks the rule every step) when the
+    rule makes the oldest engine due at no float near ``last + interval``."""
+    t = HeartbeatTracker(CFG)
+    t.track("a", engine_id="A", now=0.0)
+    assert t.due(now=0.0) == {"A": ["a"]}
+    monkeypatch.setattr(R, "heartbeat_due", lambda last, now, interval: now - last >= 100.0)
+    assert t.due(now=10.0) == {}
+    assert t._threshold() == -math.inf
+    assert t.due(now=100.0) == {"A": ["a"]}
 
 
 def test_a_rebound_rule_is_followed_at_the_next_step(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -3,7 +3,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from leaseproto.wire import Abort, Heartbeat, MalformedMessage, Nack, TransferDone
 
-from leaseproto import LeaseConfig, LeaseTable, wire
+from leaseproto import LeaseConfig, LeaseTable, LocalProtocolError, wire
 
 ID_CHARS = st.characters(blacklist_categories=("Cs", "Cc"), blacklist_characters=",")
 ids = st.text(ID_CHARS, min_size=1, max_size=40).filter(
@@ -100,6 +100,18 @@ def test_bad_counts_rejected(bad: object) -> None:
 def test_malformed_payloads(payload: bytes) -> None:
     with pytest.raises(MalformedMessage):
         wire.decode(payload)
+
+
+def test_encode_refuses_what_is_not_a_message() -> None:
+    for bad in ("HB:a", b"HB:a", None, ("a",)):
+        with pytest.raises(TypeError, match="not a message"):
+            wire.encode(bad)  # type: ignore[arg-type]
+
+
+def test_verdict_refuses_what_transfer_done_never_returns() -> None:
+    for bad in (object(), "r", wire.Ok("r")):
+        with pytest.raises(LocalProtocolError, match="not a transfer-done result"):
+            wire.verdict("r", bad)  # type: ignore[arg-type]
 
 
 def test_decode_rejects_non_bytes() -> None:

@@ -34,6 +34,16 @@ _CUT_0 = (
     "for the ids `payloads` takes (checked by `track`) `cut` is -1 or past the first id, never 0"
 )
 
+#: tracker.payloads with room 1 handed to encode_heartbeat
+_ROOM_1 = (
+    "with `room == 1` the mutant hands the ids to `wire.encode_heartbeat`, which is the "
+    "shortcut's reference: for the ids `payloads` takes (one engine's list from `due`, each "
+    "checked by `track`) both give the same bytes (tests/test_hot_paths.py compares them on "
+    "every `max_bytes` from -2 to 260, room 1 included: one 1-byte id a message, longer ids the "
+    "same ValueError); only ids that `track` refuses, for which `payloads` promises nothing, "
+    "tell them apart"
+)
+
 EQUIVALENT: dict[str, str] = {
     "tracker.py:HeartbeatTracker.track:LtE -> Lt:self._last_now <= now < _INF#0": _FAST_PATH
     + " (`now == last` then takes `_clock(now)`: it sets `_last_now = now`, as the fast path does)",
@@ -51,12 +61,11 @@ EQUIVALENT: dict[str, str] = {
     "tracker.py:_Requests.__init__:statement deleted:super().__init__()#0": "`dict.__init__()` "
     "with no arguments adds nothing: `dict.__new__` already made the mapping, empty, and "
     "`__slots__` gives `engine` its slot without any base initialiser",
-    "tracker.py:HeartbeatTracker.payloads:Lt -> LtE:room < 1#0": "with `room == 1` the "
-    "mutant hands the ids to `wire.encode_heartbeat`, which is the shortcut's reference: for "
-    "the ids `payloads` takes (one engine's list from `due`, each checked by `track`) both "
-    "give the same bytes (tests/test_hot_paths.py compares them on every `max_bytes` from -2 "
-    "to 260, room 1 included: one 1-byte id a message, longer ids the same ValueError); only "
-    "ids that `track` refuses, for which `payloads` promises nothing, tell them apart",
+    "tracker.py:HeartbeatTracker.payloads:Lt -> LtE:room < 1#0": _ROOM_1,
+    "tracker.py:HeartbeatTracker.payloads:constant 1 -> 2:1#0": "`room < 2`: " + _ROOM_1,
+    "tracker.py:HeartbeatTracker._threshold:return None:return -math.inf#1": "the branch "
+    "cannot run: `oldest` is a `now` the tracker accepted (finite) and `interval` a finite "
+    "positive config value, so `oldest + interval` is a number or +inf, never NaN",
     "tracker.py:HeartbeatTracker.payloads:LtE -> Lt:len(data) <= room#0": "an id list of "
     "exactly `room` bytes then goes to the cutting loop, which runs no round (`last = "
     "len(data) - room = 0`, so `start < last` fails) and appends `_HB + data[0:]`: the one "
@@ -66,6 +75,24 @@ EQUIVALENT: dict[str, str] = {
     "tracker.py:HeartbeatTracker.payloads:Lt -> LtE:cut < 0#0": _CUT_0,
     "tracker.py:HeartbeatTracker.payloads:constant 0 -> 1:0#1": "`cut < 1`: " + _CUT_0,
     # -- clock.py --
+    "clock.py:ClockOffset.__init__:statement deleted:self._at = 0.0#0": "`_at` is read only "
+    "where `_offset` is not None (`add_sample`'s comparison, `sampled_at`), and `add_sample`, "
+    "the one place that sets `_offset`, sets `_at` with it: the initial value is never read",
+    "clock.py:ClockOffset.add_sample:GtE -> Gt:t0 >= self._at#0": "at `t0 == _at` both "
+    "branches compare the same numbers: the age is 0 and `aged_uncertainty(x, 0, rho)` is "
+    "`x + 2 rho / (1 - rho) * 0 = x` exactly, so `new < kept` either way",
+    # -- checks.py --
+    "checks.py:advance:statement deleted:"
+    "raise LocalProtocolError(f'now={now!r} is not a time')#0": (
+        "the raise cannot run: `check_now` before it raises for every `now` that fails "
+        "`last <= now < inf and now > -inf` (not a number or a bool, NaN, an infinity, or "
+        "before `last`; an int or float never makes the comparison raise TypeError); it only "
+        "tells mypy the branch ends"
+    ),
+    # -- wire.py --
+    "wire.py:_encode_plain:return None:return []#0": "`_encode_plain` is read only by "
+    "`encode_heartbeat`, which on None runs `_encode_each` on the same items: with no ids "
+    "that returns `[]` too",
     "clock.py:ClockOffset.__init__:statement deleted:self._rtt = math.inf#0": "`_rtt` is read "
     "only where `_offset` is not None (the comparison in `add_sample`, `uncertainty`), and the "
     "one place that sets `_offset` (`add_sample`) sets `_rtt` just before it: the initial value "
