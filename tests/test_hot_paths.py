@@ -322,6 +322,32 @@ def test_tracker_payloads_keep_a_last_message_that_fills_its_room_whole() -> Non
     assert t.payloads(ids, max_bytes=13) == want
 
 
+def test_tracker_payloads_cut_the_ids_themselves(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The point of ``payloads``: ids that ``track`` checked are joined and cut
+    without ``encode_heartbeat``'s per-id checks; only what it cannot encode
+    (no room, an id longer than a message) goes to ``encode_heartbeat``."""
+    real = wire.encode_heartbeat
+    asked: list[object] = []
+
+    def counting(ids: list[str], *, max_bytes: int = 4096) -> list[bytes]:
+        asked.append(ids)
+        return real(ids, max_bytes=max_bytes)
+
+    monkeypatch.setattr(wire, "encode_heartbeat", counting)
+    t = HeartbeatTracker(LeaseConfig())
+    for ids, max_bytes in (
+        (["a", "b"], 4),  # room 1: one id a message
+        (["x" * 10, "b" * 4, "c" * 5], 13),
+        ([f"chatcmpl-{i:040d}" for i in range(300)], 4096),
+    ):
+        assert t.payloads(ids, max_bytes=max_bytes) == real(ids, max_bytes=max_bytes)
+    assert asked == []
+    for ids, max_bytes in ((["a"], 3), (["a", "b" * 20], 13)):
+        with pytest.raises(ValueError):
+            t.payloads(ids, max_bytes=max_bytes)
+    assert len(asked) == 2
+
+
 def test_tracker_payloads_default_to_the_configured_size() -> None:
     t = HeartbeatTracker(LeaseConfig())
     ids = [f"chatcmpl-{i:040d}" for i in range(300)]

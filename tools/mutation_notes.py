@@ -34,16 +34,6 @@ _CUT_0 = (
     "for the ids `payloads` takes (checked by `track`) `cut` is -1 or past the first id, never 0"
 )
 
-#: tracker.payloads with room 1 handed to encode_heartbeat
-_ROOM_1 = (
-    "with `room == 1` the mutant hands the ids to `wire.encode_heartbeat`, which is the "
-    "shortcut's reference: for the ids `payloads` takes (one engine's list from `due`, each "
-    "checked by `track`) both give the same bytes (tests/test_hot_paths.py compares them on "
-    "every `max_bytes` from -2 to 260, room 1 included: one 1-byte id a message, longer ids the "
-    "same ValueError); only ids that `track` refuses, for which `payloads` promises nothing, "
-    "tell them apart"
-)
-
 EQUIVALENT: dict[str, str] = {
     "tracker.py:HeartbeatTracker.track:LtE -> Lt:self._last_now <= now < _INF#0": _FAST_PATH
     + " (`now == last` then takes `_clock(now)`: it sets `_last_now = now`, as the fast path does)",
@@ -61,8 +51,6 @@ EQUIVALENT: dict[str, str] = {
     "tracker.py:_Requests.__init__:statement deleted:super().__init__()#0": "`dict.__init__()` "
     "with no arguments adds nothing: `dict.__new__` already made the mapping, empty, and "
     "`__slots__` gives `engine` its slot without any base initialiser",
-    "tracker.py:HeartbeatTracker.payloads:Lt -> LtE:room < 1#0": _ROOM_1,
-    "tracker.py:HeartbeatTracker.payloads:constant 1 -> 2:1#0": "`room < 2`: " + _ROOM_1,
     "tracker.py:HeartbeatTracker._threshold:return None:return -math.inf#1": "the branch "
     "cannot run: `oldest` is a `now` the tracker accepted (finite) and `interval` a finite "
     "positive config value, so `oldest + interval` is a number or +inf, never NaN",
