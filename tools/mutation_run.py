@@ -2,7 +2,7 @@
 and the proofs kill, each on its own?
 
     nice -n 10 python tools/mutation_run.py --jobs 2 --out mutation.jsonl
-    python tools/mutation_run.py --report mutation.jsonl      # the figures again
+    python tools/mutation_run.py --report mutation.jsonl      # the figures again (also .jsonl.gz)
 
 The mutants are those of tools/mutants.py (every core module; table, wire,
 config, specialise and tracing sampled at ``--sample``). Three layers judge each
@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import collections
 import ctypes
+import gzip
 import hashlib
 import json
 import os
@@ -243,7 +244,8 @@ def report(path: Path, markdown: bool = False) -> None:
     from mutation_notes import EQUIVALENT
 
     rows = {}
-    for line in path.read_text().splitlines():
+    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+    for line in text.splitlines():
         if line:
             row = json.loads(line)
             rows[row["key"]] = {**rows.get(row["key"], {}), **row}  # a rerun replaces its layers
