@@ -28,6 +28,12 @@ def _gone(pid: int) -> bool:
 
 def test_ctrl_c_stops_every_worker(tmp_path: Path) -> None:
     log_dir = tmp_path / "logs"
+    # As from a terminal, the demo must not start with SIGINT ignored: a suite started in
+    # the background by a shell without job control has it ignored, and children inherit
+    # that (a handled signal, unlike an ignored one, is reset to the default at exec).
+    ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    if ignored:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     proc = subprocess.Popen(
         [sys.executable, "-m", "leaseproto", "demo", "--log-dir", str(log_dir)],
         stdout=subprocess.PIPE,
@@ -35,6 +41,8 @@ def test_ctrl_c_stops_every_worker(tmp_path: Path) -> None:
         text=True,
         start_new_session=True,  # its own process group, as a shell gives a job
     )
+    if ignored:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         assert proc.stdout is not None
         seen = ""
