@@ -193,6 +193,13 @@ def run(args: argparse.Namespace) -> int:
         took = base[layer]["took"] if base.get(layer) else {}
         return (m.key, layer), child, (m, layer, units, took, args.timeout)
 
+    def proofs_after_checker(m: Mutant) -> tuple[Any, ...] | None:
+        """The proofs' task, unless the checker (whose verdict is in) killed ``m``."""
+        if results[m.key]["checker"]["killed"]:
+            results[m.key]["proofs"] = {"killed": False, "skipped": True}
+            return None
+        return task(m, "proofs")
+
     def tasks() -> Iterator[tuple[Any, ...]]:
         for m in ms:
             while ready:
@@ -202,10 +209,9 @@ def run(args: argparse.Namespace) -> int:
                     if "checker" not in results[m.key]:
                         waiting.add(m.key)  # queued when the checker's verdict comes
                         continue
-                    if results[m.key]["checker"]["killed"]:
-                        results[m.key]["proofs"] = {"killed": False, "skipped": True}
-                        continue
-                t = task(m, layer)
+                    t = proofs_after_checker(m)
+                else:
+                    t = task(m, layer)
                 if t is not None:
                     yield t
         while ready or waiting:
@@ -224,12 +230,9 @@ def run(args: argparse.Namespace) -> int:
             results[key][layer] = {**res, "reached": True}
             if layer == "checker" and key in waiting:
                 waiting.discard(key)
-                if res["killed"]:
-                    results[key]["proofs"] = {"killed": False, "skipped": True}
-                else:
-                    t = task(by_key[key], "proofs")
-                    if t is not None:
-                        ready.append(t)
+                t = proofs_after_checker(by_key[key])
+                if t is not None:
+                    ready.append(t)
             if len(results[key]) == len(layers):
                 finished(key)
         for key in [k for k, res in results.items() if len(res) == len(layers)]:
