@@ -10,7 +10,14 @@ import math
 
 import pytest
 
-from leaseproto import HeartbeatTracker, LeaseConfig, LeaseTable, LocalProtocolError, wire
+from leaseproto import (
+    HeartbeatTracker,
+    LeaseConfig,
+    LeaseTable,
+    LocalProtocolError,
+    ReleaseReason,
+    wire,
+)
 from leaseproto.core.checks import advance, check_count, check_now, check_wire_id
 from leaseproto.core.errors import LeaseProtocolError, RemoteProtocolError
 
@@ -62,6 +69,55 @@ def test_every_table_input_refuses_a_now_that_is_not_a_number(now: object) -> No
     assert t.deadline("a") == 31.0 and t.stats.renewed == 0
     assert t.renew_heartbeat(b"HB:a", now=2.0) == ["a"] and t.deadline("a") == 31.0
     assert [r.req_id for r in t.expire(now=31.0)] == ["a"]
+
+
+@pytest.mark.parametrize("now", [True, False])
+def test_every_table_input_refuses_a_bool_now(now: bool) -> None:
+    # a bool is an int, and at a clock of 0.0 it passed every comparison: True was
+    # taken as 1.0 (the table renewed at it); check_finite refuses bools
+    t = LeaseTable()
+    t.grant("a", now=0.0)
+    for call in (
+        lambda: t.grant("b", now=now),
+        lambda: t.renew_heartbeat(b"HB:a", now=now),
+        lambda: t.renew(["a"], now=now),
+        lambda: t.transfer_done("a", now=now),
+        lambda: t.abort("a", now=now),
+        lambda: t.expire(now=now),
+        lambda: t.lost_reason("a", now=now),
+        lambda: advance(0.0, now),
+    ):
+        with pytest.raises(LocalProtocolError, match="finite number"):
+            call()
+    assert len(t) == 1 and t.stats.renewed == 0 and t.deadline("a") == 30.0
+    assert t.renew_heartbeat(b"HB:a", now=0.0) == ["a"]  # the table's clock did not move
+
+
+@pytest.mark.parametrize("sent", [False, True])
+@pytest.mark.parametrize("now", [True, False])
+def test_the_tracker_refuses_a_bool_now(now: bool, sent: bool) -> None:
+    # both of due's paths: an engine never sent to (due at once: the checked path)
+    # and one sent at 0.0 (below its threshold: the inline idle path)
+    d = HeartbeatTracker()
+    d.track("a", engine_id="P", now=0.0)
+    if sent:
+        assert d.due(now=0.0) == {"P": ["a"]}
+    for call in (lambda: d.track("b", engine_id="P", now=now), lambda: d.due(now=now)):
+        with pytest.raises(LocalProtocolError, match="finite number"):
+            call()
+    assert len(d) == 1
+    assert d.due(now=0.0) == ({} if sent else {"P": ["a"]})  # no turn taken, none given
+
+
+@pytest.mark.parametrize("now", [math.nan, "2", None, True])
+def test_lost_reason_refuses_a_now_that_is_not_a_finite_number(now: object) -> None:
+    # a query, so it does not move the clock; a NaN answered None (P holds it) and a
+    # str raised TypeError from inside the comparison
+    t = LeaseTable()
+    t.grant("a", now=0.0)
+    with pytest.raises(LocalProtocolError, match="finite number"):
+        t.lost_reason("a", now=now)  # type: ignore[arg-type]
+    assert t.lost_reason("a", now=30.0) is ReleaseReason.EXPIRED
 
 
 @pytest.mark.parametrize("now", BAD_NOW)

@@ -10,6 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 
@@ -107,3 +109,25 @@ def test_a_module_level_mutant_runs_every_test_also_those_that_execute_no_core_l
     }
     assert mutation_run._select(at_import, base, "tests") == ["t_reads_all", "t_other", "t_runs_it"]
     assert mutation_run._select(in_body, base, "tests") == ["t_runs_it"]
+
+
+def test_the_report_reads_a_rerun_of_one_layer_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--layers tests`` writes rows with no checker or proofs entry; ``--report``
+    on such a file (the run's own closing report included) counts the missing
+    layers as not run. It raised KeyError on them."""
+    import mutation_run
+
+    killed, missed = mutants.mutants(1.0, modules=("errors.py",))[:2]
+    rows = [
+        {"key": killed.key, "where": "w", "what": "x", "tests": {"killed": True, "reached": True}},
+        {"key": missed.key, "where": "w", "what": "y", "tests": {"killed": False}},
+    ]
+    out = tmp_path / "rerun.jsonl"
+    out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    mutation_run.report(out)
+    text = capsys.readouterr().out
+    assert "killed by tests + checker + proofs: 1 of 2" in text
+    assert "unit tests alone: 1 (50.0%)" in text and "checker: 0 (0.0%)" in text
+    assert f"NOT KILLED\n    {missed.key}" in text

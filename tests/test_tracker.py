@@ -272,6 +272,19 @@ def test_a_step_before_the_threshold_does_not_ask_the_rule(
     assert t.due(now=5.0) == {"A": ["a"], "B": ["b"]} and 5.0 in asked
 
 
+def test_track_at_the_last_now_takes_the_inline_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``track`` checks ``now`` inline and calls the full check (``_clock``) only
+    for a ``now`` it refuses; requests tracked in one step share one ``now``,
+    which the inline check takes (``last <= now``, not ``<``)."""
+    t = HeartbeatTracker(CFG)
+    checked: list[float] = []
+    monkeypatch.setattr(t, "_clock", checked.append)
+    for rid in ("a", "b", "c"):
+        t.track(rid, engine_id="A", now=2.0)
+    t.track("d", engine_id="A", now=3.0)
+    assert checked == [] and len(t) == 4
+
+
 def test_a_rule_that_gives_no_threshold_gives_no_shortcut(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -5,12 +5,6 @@
 it changes none). A survivor not listed here counts as not killed.
 """
 
-#: a fast-path guard whose failure falls through to the full check, which does the same
-_FAST_PATH = (
-    "a fast-path guard: when it fails, the slow path (`advance`, `_clock`) runs the full "
-    "check, which accepts the same inputs and stores the same state"
-)
-
 #: the printer writing parentheses in more places, never fewer: parentheses around a whole
 #: subexpression never change how Python parses it
 _MORE_PARENS = (
@@ -35,8 +29,6 @@ _CUT_0 = (
 )
 
 EQUIVALENT: dict[str, str] = {
-    "tracker.py:HeartbeatTracker.track:LtE -> Lt:self._last_now <= now < _INF#0": _FAST_PATH
-    + " (`now == last` then takes `_clock(now)`: it sets `_last_now = now`, as the fast path does)",
     "tracker.py:HeartbeatTracker._threshold:constant 8 -> 9:8#0": "the bound of the search for the "
     "float threshold only decides when to give the shortcut up: a threshold is returned only once "
     "the rule says it is exact (due at it, not due at the float below), and giving up returns -inf "
@@ -73,9 +65,9 @@ EQUIVALENT: dict[str, str] = {
     "checks.py:advance:statement deleted:"
     "raise LocalProtocolError(f'now={now!r} is not a time')#0": (
         "the raise cannot run: `check_now` before it raises for every `now` that fails "
-        "`last <= now < inf and now > -inf` (not a number or a bool, NaN, an infinity, or "
-        "before `last`; an int or float never makes the comparison raise TypeError); it only "
-        "tells mypy the branch ends"
+        "`last <= now < inf and now > -inf` or is a bool (not a number, a bool, NaN, an "
+        "infinity, or before `last`; an int or float never makes the comparison raise "
+        "TypeError); it only tells mypy the branch ends"
     ),
     # -- wire.py --
     "wire.py:_encode_plain:return None:return []#0": "`_encode_plain` is read only by "

@@ -254,12 +254,16 @@ def report(path: Path, markdown: bool = False) -> None:
             rows[row["key"]] = {**rows.get(row["key"], {}), **row}  # a rerun replaces its layers
     live = set(mutants(1.0))
     current = {m.key for m in live}
-    rows = {k: r for k, r in rows.items() if k in current}
-    killed = {k for k, r in rows.items() if any(r[la]["killed"] for la in LAYERS)}
+    # a layer a row lacks (a rerun with --layers, alone in its file) did not run: not killed
+    none: dict[str, Any] = {la: {} for la in LAYERS}
+    rows = {k: {**none, **r} for k, r in rows.items() if k in current}
+    killed = {k for k, r in rows.items() if any(r[la].get("killed") for la in LAYERS)}
     equiv = {k for k in rows if k not in killed and k in EQUIVALENT}
     non_eq = len(rows) - len(equiv)
-    formal = {k for k in killed if rows[k]["checker"]["killed"] or rows[k]["proofs"]["killed"]}
-    tests = {k for k in killed if rows[k]["tests"]["killed"]}
+    formal = {
+        k for k in killed if rows[k]["checker"].get("killed") or rows[k]["proofs"].get("killed")
+    }
+    tests = {k for k in killed if rows[k]["tests"].get("killed")}
     only_formal = formal - tests
     pct = lambda a, b: f"{100 * a / max(b, 1):.1f}%"  # noqa: E731
     print(f"{len(rows)} mutants; {len(equiv)} equivalent; {non_eq} non-equivalent")
@@ -268,7 +272,7 @@ def report(path: Path, markdown: bool = False) -> None:
     print(f"  unit tests alone: {len(tests)} ({pct(len(tests), non_eq)})")
     print(f"  checker + proofs alone: {len(formal)} ({pct(len(formal), non_eq)})")
     for la in ("checker", "proofs"):
-        n = sum(rows[k][la]["killed"] for k in rows)
+        n = sum(bool(rows[k][la].get("killed")) for k in rows)
         skipped = sum(bool(rows[k][la].get("skipped")) for k in rows)
         after = f"; not run on the {skipped} the checker killed" if skipped else ""
         print(f"    {la}: {n} ({pct(n, non_eq)}{after})")

@@ -55,9 +55,11 @@ def check_now(now: object, last: float) -> float:
 def advance(last: float, now: float) -> float:
     """The clock's new reading: ``now``, when it is finite and not before
     ``last`` (the core's inputs call it first, so a refused ``now`` changes
-    nothing). One chained comparison on the good path; NaN fails it too."""
+    nothing). One chained comparison on the good path; NaN fails it too, and
+    the two identity tests refuse a bool (an int, which the comparison
+    takes)."""
     try:
-        ok = last <= now < _INF and now > -_INF
+        ok = last <= now < _INF and now > -_INF and now is not True and now is not False
     except TypeError:
         ok = False
     if not ok:

@@ -105,7 +105,7 @@ class Renewals:
         if not every and not self._known_or_valid(ids, found):
             return None
         try:  # advance()'s check, inline (a message is a few microseconds)
-            fast = _NINF < self._last_now <= now < _INF
+            fast = _NINF < self._last_now <= now < _INF and now is not True and now is not False
         except TypeError:
             fast = False
         if not fast:

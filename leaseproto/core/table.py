@@ -20,7 +20,7 @@ from operator import attrgetter
 
 from . import rules as R
 from . import specialise
-from .checks import FIRST_NOW, advance, check_count, check_positive, check_wire_id
+from .checks import FIRST_NOW, advance, check_count, check_finite, check_positive, check_wire_id
 from .config import LeaseConfig
 from .deadlines import DeadlineQueue
 from .errors import LocalProtocolError
@@ -337,7 +337,12 @@ class LeaseTable(Renewals):
         lease-lost answer to a heartbeat (:func:`leaseproto.wire.lease_lost`):
         how it ended; ``EXPIRED`` for a live entry whose deadline has passed
         (the reaper will free it); ``None`` when P holds it, or knows nothing
-        of it. A query: it does not advance the table's clock."""
+        of it. A query: it does not advance the table's clock.
+
+        Raises:
+            LocalProtocolError: ``now`` is not a finite number.
+        """
+        check_finite("now", now)
         lease = self._leases.get(req_id)
         if lease is not None:
             return ReleaseReason.EXPIRED if lease.deadline <= now else None

@@ -122,7 +122,12 @@ class HeartbeatTracker:
                 f"request {req_id!r} is already tracked (engine {engine_of[req_id].engine!r})"
             )
         try:
-            ok = self._last_now <= now < _INF and now != -_INF
+            ok = (
+                self._last_now <= now < _INF
+                and now != -_INF
+                and now is not True
+                and now is not False
+            )
         except TypeError:
             ok = False
         if not ok:
@@ -213,7 +218,7 @@ class HeartbeatTracker:
         out and keep their turn.
         """
         try:  # finite, not before the last now, below the oldest engine's threshold
-            idle = self._last_now <= now < self._next_at
+            idle = self._last_now <= now < self._next_at and now is not True and now is not False
         except TypeError:
             idle = False
         if idle:
