@@ -177,6 +177,39 @@ def test_d_with_two_ranks_is_explored_exhaustively_without_violation() -> None:
     assert res.ok and not res.bounded, res.summary()
 
 
+#: ``faults`` without duplicates and lost heartbeats: P restarts and re-grants, D crashes
+#: and pauses past its lease, exhaustively in about 20 s (``faults`` itself is about a
+#: million states: ``leaseproto check --scope faults``, the README's figure)
+FAULTS_NO_NET = SCOPES["faults"].with_(name="faults-no-net", dups=0, losses=0, max_states=400_000)
+
+
+def test_restarts_and_regrants_are_explored_exhaustively_without_violation() -> None:
+    res = check(FAULTS_NO_NET)
+    assert res.ok and not res.bounded, res.summary()
+    # each fault the scope allows was taken (a budget never spent would check nothing)
+    for action in ("p_restart", "regrant", "d_crash", "d_pause", "read", "abort"):
+        assert res.taken[action] > 0, (action, dict(res.taken))
+
+
+def test_a_regrant_that_breaks_A7_breaks_I13() -> None:
+    """Why the checked world re-grants an id only once nothing of its last lease can
+    act (spec §3.3, A7): re-granting any ended id, the shortest run that uses a freed
+    read is a P restart, a read under the old id, and its transfer-done reaching the
+    re-granted lease, which answers OK."""
+    res = check(FAULTS_NO_NET.with_(unique_ids=False))
+    assert res.violation is not None and res.violation.inv == "I13", res.summary()
+    steps = [s.split(" ", 1)[1] for s in res.trace]
+    assert len(steps) == 17, res.summary()
+    order = [
+        "grant P0 r0",
+        "p_restart P0",
+        "read r0 D0 P0",
+        "regrant P0 r0",
+        "arrive P0->D0 'OK:r0'",
+    ]
+    assert [s for s in steps if s in order] == order, res.summary()
+
+
 def _renew_with(mp: pytest.MonkeyPatch, **change: Any) -> None:
     """Rebind the renewal rule (the table's generated loop follows, rules.watch)."""
     orig = rules.renew_rule

@@ -10,7 +10,7 @@ not even time passing, is reported too (a modelling error, or a real deadlock).
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from ..core.errors import LeaseProtocolError
@@ -29,6 +29,9 @@ class Result:
     seconds: float = 0.0
     #: the search stopped at ``scope.max_states`` before exhausting the space
     bounded: bool = False
+    #: transitions taken, by action name (``grant``, ``p_restart``, ``arrive``...): a
+    #: fault the scope allows but no transition took was not explored
+    taken: Counter[str] = field(default_factory=Counter)
     violation: Violation | None = None
     trace: list[str] = field(default_factory=list)
 
@@ -82,6 +85,7 @@ def check(scope: Scope) -> Result:
             label = w.label(act)
             w2 = w.copy()
             res.transitions += 1
+            res.taken[act[0]] += 1
             try:
                 w2.apply(act)
             except Violation as v:

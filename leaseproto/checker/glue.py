@@ -27,7 +27,7 @@ from ..core.events import Release
 from . import invariants as inv
 from .ghosts import Msg, Violation
 
-__all__ = ["CLOCK", "HELLO", "at_d", "at_p", "check_gated_read", "gate_admits"]
+__all__ = ["CLOCK", "HELLO", "at_d", "at_p", "check_gated_read", "gate_admits", "names"]
 
 #: the handshake's messages (not protocol bytes: the workers' hello exchange)
 HELLO = b"\x00hello"
@@ -35,6 +35,14 @@ CLOCK = b"\x00clock:"
 
 #: a :class:`~.world.World` (not imported: the world imports this module)
 World_ = Any
+
+
+def names(m: Msg) -> tuple[str, ...]:
+    """The request ids a notification names (none for the clock handshake's)."""
+    if m.data == HELLO or m.data.startswith(CLOCK):
+        return ()
+    msg: Any = wire.decode(m.data)
+    return tuple(msg.ids) if isinstance(msg, wire.Heartbeat) else (msg.req_id,)
 
 
 def at_p(w: World_, p: str, m: Msg) -> None:

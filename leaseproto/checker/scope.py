@@ -60,6 +60,11 @@ class Scope:
     reconnects: int = 0
     #: P may grant an ended id again this many times in all
     regrants: int = 0
+    #: re-grants keep A7 (spec §3.3): an id is granted again on a rank only once
+    #: nothing of its last lease there can act (D holds nothing of it, no notification
+    #: naming it is on its way). False re-grants any ended id, which breaks I13
+    #: (tests/test_checker.py)
+    unique_ids: bool = True
     #: D samples each P's clock in a handshake and reads only through the gate (I9)
     gate: bool = False
     #: P's clock minus D's, ticks (scopes with ``gate``)

@@ -161,13 +161,32 @@ class World:
                 insts = self.inst.get((p, r), [])
                 if r not in self.granted_now.get(p, ()) and (
                     not insts
-                    or (not insts[-1].live and self.budget["regrant"] > 0 and r not in table)
+                    or (
+                        not insts[-1].live
+                        and self.budget["regrant"] > 0
+                        and r not in table
+                        and self._unique_again(p, r)
+                    )
                 ):
-                    out.append(("grant", p, r))
+                    out.append(("regrant" if insts else "grant", p, r))
         if self.budget["restart"] > 0:
             out.append(("p_restart", p))
         out.append(("p_step", p))
         return out
+
+    def _unique_again(self, p: str, r: str) -> bool:
+        """A7 (spec §3.3): ``r`` may name a new grant on ``p`` only once nothing of
+        its last lease there can still act: D holds nothing of it (routed or
+        tracked: D would read the new blocks with the old lease's parameters, or
+        send a transfer-done that vouches for a read of the old ones), ``p`` has
+        staged nothing naming it (the grant would apply it), and no notification
+        naming it is in flight to ``p`` or waiting in its inbox."""
+        if not self.scope.unique_ids:
+            return True
+        if self.phase[r] in ("new", "tracked") or r in self.tables[p]._staged:
+            return False
+        mine = [m for m in (*self.net, *self.undecided) if m.dst == p]
+        return not any(r in glue.names(m) for m in (*mine, *self.inbox.get(p, ())))
 
     def _d_actions(self) -> list[Action]:
         if not self.d_acts():
@@ -269,6 +288,10 @@ class World:
             raise Violation(
                 "I10", f"{r} on {p}: {inst.tds} staged transfer-dones did not complete it"
             )
+
+    def _do_regrant(self, p: str, r: str) -> None:
+        """A grant of an id whose last lease on ``p`` ended (its own label in traces)."""
+        self._do_grant(p, r)
 
     def released(self, p: str, r: str, rel: Release) -> None:
         inst = self.live_inst(p, r)
