@@ -21,7 +21,8 @@ import z3
 from .bmc import Run, Step
 from .kit import System, fmt, model_value
 from .model import EXPIRED, GRANTED
-from .timing_model import Options, build, hq, t1, t2
+from .timing_model import build
+from .timing_state import Options, hq, t1, t2
 
 CONFIG = {"L": 30, "E": 20, "H": 5}
 TYPICAL = {

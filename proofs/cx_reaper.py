@@ -14,7 +14,7 @@ from .bmc import Run
 from .cx_cases import Case, num
 from .kit import System, Transition, Values, model_value
 from .model import GRANTED, STATE_NAMES, lease_system
-from .timing_model import Options
+from .timing_state import Options
 
 
 def reaper_system() -> System:

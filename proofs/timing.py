@@ -85,7 +85,8 @@ from leaseproto.core import rules as R
 
 from .invariants import Invariant
 from .model import ABSENT, EXPIRED, GRANTED, Theorem, ended
-from .timing_model import Options, build, drift, hq, vmax
+from .timing_model import build
+from .timing_state import Options, drift, hq, vmax
 
 __all__ = ["invariants_for", "systems", "theorems"]
 

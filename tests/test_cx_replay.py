@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import z3
 from leaseproto.proofs import bmc, counterexamples, cx_cases, cx_replay
-from leaseproto.proofs.timing_model import Options
+from leaseproto.proofs.timing_state import Options
 
 from leaseproto import LeaseTable, cli
 
