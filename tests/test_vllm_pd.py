@@ -58,6 +58,12 @@ def test_leaseproto_pair_serves_no_completion_from_freed_blocks(tmp_path: Path) 
         row = rows[phase]
         assert row["completed"] == row["requests"], (phase, row)
         assert row["identical"] == row["completed"], (phase, row)
+    import torch
+
+    if torch.cpu._is_amx_tile_supported():  # before any forward (integrations/vllm/amx.py)
+        for side in ("P", "D"):
+            log = (tmp_path / f"leaseproto-{side}.log").read_text()
+            assert "AMX tiles granted" in log, side
     kill = rows["kill"]
     # On a quiet machine every read of the kill phase can be done before the kill, so P
     # holds no lease of the dead D and frees nothing after it (no time to measure); the bound

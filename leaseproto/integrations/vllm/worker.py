@@ -30,6 +30,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker import (
 
 from leaseproto import LateTransfer, LeaseConfig, Release, ReleaseReason, wire
 
+from .amx import request_amx_tiles
 from .config import lease_config_from_extra_config
 from .leases import LeaseView, WorkerLeases
 from .scheduler import VERIFY_ATTR
@@ -46,12 +47,18 @@ def _config_of(obj: object) -> LeaseConfig:
     return lease_config_from_extra_config(getattr(kv, "kv_connector_extra_config", None))
 
 
+def _on_cpu(vllm_config: Any) -> bool:
+    return getattr(getattr(vllm_config, "device_config", None), "device_type", None) == "cpu"
+
+
 class LeaseprotoConnectorWorker(NixlPullConnectorWorker):  # type: ignore[misc]
     """vLLM's pull worker with the lease core as the one record of leases."""
 
     def __init__(self, vllm_config: Any, engine_id: str, kv_cache_config: Any) -> None:
         self.vllm_config = vllm_config
         config = _config_of(self)  # refuses a bad config before NIXL starts
+        if _on_cpu(vllm_config):
+            request_amx_tiles()  # before any forward: vLLM's AMX attention needs them
         self._lp = WorkerLeases(config)
         super().__init__(vllm_config, engine_id, kv_cache_config)
         self._lp.config = self._lp.table.config = config  # vLLM's __init__ set its own extension
