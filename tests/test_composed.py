@@ -21,7 +21,7 @@ lease is released within E (+ one P step) of the last heartbeat P handled (I6).
 import random
 from dataclasses import dataclass, field
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from leaseproto import HeartbeatTracker, LeaseConfig, LeaseTable, Release, ReleaseReason, wire
@@ -194,6 +194,7 @@ P_LOSS = st.sampled_from([0.0, 0.2, 0.6])
 
 @settings(max_examples=12)
 @given(seed=SEEDS, p_dup=P_DUP, p_loss=P_LOSS)
+@example(seed=34569, p_dup=0.0, p_loss=0.0)  # found by CI's random profile (the read bound)
 def test_no_premature_expiry_while_d_steps_and_bounded_reclaim_after_it_stops(
     seed: int, p_dup: float, p_loss: float
 ) -> None:
@@ -215,8 +216,14 @@ def check_composed(seed: int, p_dup: float, p_loss: float) -> None:
     expired = [r for _, r in world.releases if r.reason is ReleaseReason.EXPIRED]
     assert expired == [], f"I8: leases expired while D tracked them: {expired}"
     transferred = {r.req_id for _, r in world.releases}
+    # D starts the READs at its first step at or after read_at (once it tracks the request,
+    # up to R_MAX after the grant) and sends each transfer-done at its first step after the
+    # READ completed: two D steps besides the READ, the delay and P's step (the bound
+    # without the two D steps failed for seed 34569: read at 144.73, released at 150.15)
     assert transferred >= {
-        rid for rid, at in world.read_at.items() if at + READ_S + DELTA + S_P < 150.0
+        rid
+        for rid, at in world.read_at.items()
+        if max(at, world.granted_at[rid] + R_MAX) + 2 * S_D + READ_S + DELTA + S_P < 150.0
     }
     assert transferred.isdisjoint(world.tracked)
     # phase 2: D dies; what it still tracked must be reclaimed in bound
