@@ -191,6 +191,15 @@ def a(peer: Peer) -> Iterator[tuple[NixlEndpoint, KVPool]]:
         ep.connect(name, "127.0.0.1", port)
     for name in peer.ports:
         wait_for(lambda n=name: ep.is_connected(n), f"metadata of {name}")  # type: ignore[misc]
+    # and each peer agent has loaded ours (pushed by connect(), loaded by its listener
+    # thread): a peer that answers before then fails its send ("genNotif: no specified or
+    # potential backend could send the inter-agent notifications"), which lost B0's echo
+    # in one clean-clone CI run
+    for name in peer.ports:
+        wait_for(
+            lambda n=name: peer.ask(("state", n, ep.name)) == "connected",  # type: ignore[misc]
+            f"{name} to know {ep.name}",
+        )
     yield ep, pool
     ep.close()
 
