@@ -255,15 +255,13 @@ def report(path: Path, markdown: bool = False) -> None:
     live = set(mutants(1.0))
     current = {m.key for m in live}
     # a layer a row lacks (a rerun with --layers, alone in its file) did not run: not killed
-    none: dict[str, Any] = {la: {} for la in LAYERS}
-    rows = {k: {**none, **r} for k, r in rows.items() if k in current}
-    killed = {k for k, r in rows.items() if any(r[la].get("killed") for la in LAYERS)}
+    not_run: dict[str, Any] = {la: {"killed": False} for la in LAYERS}
+    rows = {k: {**not_run, **r} for k, r in rows.items() if k in current}
+    killed = {k for k, r in rows.items() if any(r[la]["killed"] for la in LAYERS)}
     equiv = {k for k in rows if k not in killed and k in EQUIVALENT}
     non_eq = len(rows) - len(equiv)
-    formal = {
-        k for k in killed if rows[k]["checker"].get("killed") or rows[k]["proofs"].get("killed")
-    }
-    tests = {k for k in killed if rows[k]["tests"].get("killed")}
+    formal = {k for k in killed if rows[k]["checker"]["killed"] or rows[k]["proofs"]["killed"]}
+    tests = {k for k in killed if rows[k]["tests"]["killed"]}
     only_formal = formal - tests
     pct = lambda a, b: f"{100 * a / max(b, 1):.1f}%"  # noqa: E731
     print(f"{len(rows)} mutants; {len(equiv)} equivalent; {non_eq} non-equivalent")
@@ -272,7 +270,7 @@ def report(path: Path, markdown: bool = False) -> None:
     print(f"  unit tests alone: {len(tests)} ({pct(len(tests), non_eq)})")
     print(f"  checker + proofs alone: {len(formal)} ({pct(len(formal), non_eq)})")
     for la in ("checker", "proofs"):
-        n = sum(bool(rows[k][la].get("killed")) for k in rows)
+        n = sum(rows[k][la]["killed"] for k in rows)
         skipped = sum(bool(rows[k][la].get("skipped")) for k in rows)
         after = f"; not run on the {skipped} the checker killed" if skipped else ""
         print(f"    {la}: {n} ({pct(n, non_eq)}{after})")
