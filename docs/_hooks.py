@@ -6,10 +6,15 @@ generated at build time, never copied into ``docs/``.
 - ``spec/lease-protocol.md`` becomes ``spec.md``, ``CHANGELOG.md`` ``changelog.md``;
 - one API reference page per subpackage (mkdocstrings ``:::`` blocks);
 - the navigation is built from them, so a README section added or renamed
-  shows up without editing ``mkdocs.yml``.
+  shows up without editing ``mkdocs.yml``;
+- the images the pages show (``benchmarks/*.png``) are added to the site.
 
-Links are rewritten for the site: a link to another generated page points at
-it, a link to any other file of the repository points at the repository.
+Links are rewritten for the site, in the generated pages and in ``docs/``'s own
+pages alike (those are written with links that work on GitHub: ``../spec/...``,
+``../README.md#configuration``): a link to a page of the site points at it (a
+README section's anchor at that section's page), a link to an image the site
+holds points at its copy, and a link to any other file of the repository points
+at the repository.
 """
 
 from __future__ import annotations
@@ -59,6 +64,18 @@ API: dict[str, tuple[str, tuple[str, ...]]] = {
     "api/vllm.md": ("leaseproto.integrations.vllm", ("leaseproto.integrations.vllm",)),
 }
 
+#: Pages of ``docs/`` itself, in the order the navigation lists them after the specification.
+DOCS_PAGES = (
+    ("vLLM", "vllm.md"),
+    ("Metrics", "metrics.md"),
+    ("Performance", "performance.md"),
+    ("Verification", "verification.md"),
+    ("Mutation run", "mutation.md"),
+)
+
+#: Images the pages show, added to the site under ``assets/``.
+IMAGES = ("benchmarks/sim-both.png",)
+
 _FENCE = re.compile(r"^(```|~~~)")
 _LINK = re.compile(r"\]\(([^)\s]+)\)")
 
@@ -101,7 +118,8 @@ def _read(path: str) -> str:
 
 
 def _rewrite(text: str, source: str, page: str, anchors: dict[str, str]) -> str:
-    """Links of ``text`` (from repository file ``source``) as seen from ``page``."""
+    """Links of ``text`` (from repository file ``source``) as seen from ``page``;
+    ``anchors``: README's section anchors and the pages they became."""
     here = posixpath.dirname(page)
     src_dir = posixpath.dirname(source)
 
@@ -110,10 +128,18 @@ def _rewrite(text: str, source: str, page: str, anchors: dict[str, str]) -> str:
             return link
         path, _, anchor = link.partition("#")
         if not path:  # an anchor on the same source file
-            moved = anchors.get(anchor)
+            moved = anchors.get(anchor) if source == "README.md" else None
             return link if moved is None or moved == page else posixpath.relpath(moved, here)
         repo_path = posixpath.normpath(posixpath.join(src_dir, path))
-        site = {"spec/lease-protocol.md": "spec.md", "CHANGELOG.md": "changelog.md"}.get(repo_path)
+        if repo_path == "README.md" and anchor in anchors:
+            return posixpath.relpath(anchors[anchor], here)
+        site = {
+            "spec/lease-protocol.md": "spec.md",
+            "CHANGELOG.md": "changelog.md",
+            "README.md": "index.md",
+        }.get(repo_path)
+        if site is None and repo_path in IMAGES:
+            site = "assets/" + posixpath.basename(repo_path)
         if site is None and repo_path.startswith("docs/") and repo_path.endswith(".md"):
             site = repo_path.removeprefix("docs/")
         if site is None:
@@ -129,22 +155,35 @@ def on_config(config: Any) -> Any:
         {"Home": "index.md"},
         {"Guide": [{t.replace("`", ""): f"guide/{_slug(t)}.md"} for t, _ in sections]},
         {"Specification": "spec.md"},
-        {"vLLM": "vllm.md"},
-        {"Metrics": "metrics.md"},
-        {"Mutation run": "mutation.md"},
+        *({title: page} for title, page in DOCS_PAGES),
         {"API reference": [{title: page} for page, (title, _) in API.items()]},
         {"Changelog": "changelog.md"},
     ]
     return config
 
 
+def _readme_anchors() -> dict[str, str]:
+    """README's section anchors (``#running-workers``) -> the page each section became."""
+    return {_slug(t): f"guide/{_slug(t)}.md" for t, _ in readme_sections()[1]}
+
+
 def on_files(files: Files, config: Any) -> Files:
     pages = _pages()
-    # README's own anchors (#running-workers) now live on their section's page
-    anchors = {_slug(t): f"guide/{_slug(t)}.md" for t, _ in readme_sections()[1]}
+    anchors = _readme_anchors()
     for name in [f.src_uri for f in files if f.src_uri.startswith("_")]:
         files.remove(files.get_file_from_path(name))  # type: ignore[arg-type]
     for page, (source, text) in pages.items():
-        content = _rewrite(text, source, page, anchors if source == "README.md" else {})
+        content = _rewrite(text, source, page, anchors)
         files.append(File.generated(config, page, content=content))
+    for image in IMAGES:
+        site = "assets/" + posixpath.basename(image)
+        files.append(File.generated(config, site, abs_src_path=str(ROOT / image)))
     return files
+
+
+def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str:
+    """``docs/``'s own pages: their repository links (``../spec/...``) as seen on the site."""
+    uri = page.file.src_uri
+    if uri in _pages():
+        return markdown  # generated pages were rewritten in on_files
+    return _rewrite(markdown, f"docs/{uri}", uri, _readme_anchors())

@@ -179,7 +179,7 @@ def test_d_with_two_ranks_is_explored_exhaustively_without_violation() -> None:
 
 #: ``faults`` without duplicates and lost heartbeats: P restarts and re-grants, D crashes
 #: and pauses past its lease, exhaustively in about 20 s (``faults`` itself is about a
-#: million states: ``leaseproto check --scope faults``, the README's figure)
+#: million states: ``leaseproto check --scope faults``, docs/verification.md)
 FAULTS_NO_NET = SCOPES["faults"].with_(name="faults-no-net", dups=0, losses=0, max_states=400_000)
 
 

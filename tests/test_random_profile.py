@@ -8,7 +8,7 @@ short leases: leases collide and come due together within a few steps), sized
 to find that bug reliably within a few minutes, and on CI's wide profile (any
 float step, eight ids) for what the dense one cannot draw.
 ``tools/random_profile_power.py`` re-introduces the bug in memory and measures
-how often and how fast each profile finds it (figures in the README). A
+how often and how fast each profile finds it (figures in docs/verification.md). A
 failure prints the shrunk steps; turn each into an explicit test
 (tests/test_table.py holds the expire-order one) before fixing it.
 """

@@ -213,8 +213,8 @@ def test_stock_and_leaseproto_agree(s: Schedule) -> None:
 def test_a_stall_past_the_extension_is_a_silent_read_on_stock_and_a_late_read_on_ours(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The README's stall, as one schedule: D stalls past the extension while a request
-    waits, P frees the blocks, D reads them when it wakes up."""
+    """The stall of docs/vllm.md's real engines, as one schedule: D stalls past the
+    extension while a request waits, P frees the blocks, D reads them when it wakes up."""
     s = Schedule(12, 1, (Req("cmpl-0-00000000", "P0", 1.0, 12.0),), (4.0, 16.0), None, 60.0)
     stock = run(s, False, monkeypatch)
     ours = run(s, True, monkeypatch)

@@ -140,7 +140,7 @@ SCOPES: dict[str, Scope] = {
     "faults": Scope(
         "faults", requests=1, p_ranks=1, d_ranks=1, dups=1, d_pause=5, p_restarts=1, regrants=1
     ),
-    # leaseproto check --scope large (the README's figure)
+    # leaseproto check --scope large (its figure in docs/verification.md)
     "large": Scope(
         "large",
         requests=2,
