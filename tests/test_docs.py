@@ -4,6 +4,7 @@ every API reference resolved), and the strict build does fail on a broken link."
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -72,3 +73,40 @@ def test_pre_commit_config_runs_ruff_lint_format_and_mypy() -> None:
     assert hooks["ruff-check"]["entry"].startswith("ruff check")
     assert hooks["ruff-format"]["entry"].startswith("ruff format")
     assert hooks["mypy"]["entry"] == "mypy" and hooks["mypy"]["pass_filenames"] is False
+
+
+_BENCH = re.compile(r"python benchmarks/(\w+)\.py")
+_RULE = re.compile(r"\|[-:| ]+\|$")
+
+
+def _benchmark_tables(page: Path) -> list[tuple[int, list[str], list[str]]]:
+    """Each table of ``page`` below a command block that runs benchmarks: (line, the
+    scripts the section's latest such block runs, the table's header cells). Tables of
+    a ``## `` section before any such block (summaries, not a script's output) are left out."""
+    lines = page.read_text(encoding="utf-8").splitlines()
+    found: list[tuple[int, list[str], list[str]]] = []
+    scripts: list[str] = []
+    fenced = fresh = False  # fresh: in a fence that has named no benchmark yet
+    for i, line in enumerate(lines):
+        if line.startswith("```"):
+            fenced = fresh = not fenced
+        elif not fenced and line.startswith("## "):
+            scripts = []
+        elif fenced and _BENCH.search(line):
+            scripts = [*([] if fresh else scripts), *_BENCH.findall(line)]
+            fresh = False
+        elif scripts and line.startswith("|") and i + 1 < len(lines) and _RULE.match(lines[i + 1]):
+            found.append((i + 1, scripts, [c.strip() for c in line.strip().strip("|").split("|")]))
+    return found
+
+
+@pytest.mark.parametrize("name", ["performance.md", "vllm.md"])
+def test_benchmark_tables_have_the_columns_their_benchmark_prints(name: str) -> None:
+    """A table shown as a benchmark's output names only columns that benchmark prints
+    (a selection of them may be shown), and the command that regenerates it exists."""
+    tables = _benchmark_tables(ROOT / "docs" / name)
+    assert tables, f"docs/{name} shows no benchmark's table"
+    for line, scripts, header in tables:
+        sources = {s: (ROOT / "benchmarks" / f"{s}.py").read_text("utf-8") for s in scripts}
+        missing = {s: [c for c in header if c not in src] for s, src in sources.items()}
+        assert any(not m for m in missing.values()), f"docs/{name}:{line}: {missing}"
