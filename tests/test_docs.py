@@ -46,7 +46,7 @@ def test_strict_build_fails_on_a_broken_link(tmp_path: Path) -> None:
     for name in ("mkdocs.yml", "README.md", "CHANGELOG.md"):
         shutil.copy(ROOT / name, root / name)
     shutil.copytree(ROOT / "docs", root / "docs")
-    for name in ("spec", "leaseproto", "proofs"):
+    for name in ("spec", "leaseproto", "proofs", "benchmarks"):
         os.symlink(ROOT / name, root / name)
     with (root / "docs" / "metrics.md").open("a") as fh:
         fh.write("\nSee [nowhere](no-such-page.md).\n")
