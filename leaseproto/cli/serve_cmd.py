@@ -116,6 +116,15 @@ def _common(p: argparse.ArgumentParser, *, nixl: bool = True) -> None:
         )
     _lease_flags(p, router=not nixl)
     p.add_argument(
+        "--cluster-key-file",
+        default=None,
+        metavar="PATH",
+        help="authenticate the control plane with the key in this file (at least 16 "
+        "bytes, the same file on every worker and client): leaseproto's NIXL messages "
+        "carry an HMAC-SHA256 MAC, the request plane runs ZeroMQ CURVE; without it the "
+        "control plane is unauthenticated (spec §10.3)",
+    )
+    p.add_argument(
         "--ready-file",
         default=None,
         metavar="PATH",
@@ -242,6 +251,7 @@ def _worker(args: argparse.Namespace) -> Any:
     metrics_port = None if args.metrics_port < 0 else args.metrics_port
     config = config_from_args(args)
     if args.role == "router":
+        from ..workers.keys import load_cluster_key  # noqa: PLC0415
         from ..workers.router import Router, RouterOptions  # noqa: PLC0415
 
         return Router(
@@ -252,6 +262,7 @@ def _worker(args: argparse.Namespace) -> Any:
                 decode=args.decode,
                 metrics_port=metrics_port,
                 request_timeout=args.request_timeout,
+                cluster_key=load_cluster_key(args.cluster_key_file),
             )
         )
     if args.role == "prefill":

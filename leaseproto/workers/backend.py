@@ -6,10 +6,18 @@ The workers talk to NIXL, the pool and the model only through
 decode rank 0 keeps a pool with every head (it runs the model) and reads only
 its own share from P, the rest arriving from the other decode ranks
 (:meth:`KVBackend.import_shard`).
+
+With a cluster key (``opts.cluster_key``) every notification passes through
+:class:`~leaseproto.core.mac_peers.PeerAuth` here and nowhere else: what
+:meth:`KVBackend.send` and :meth:`KVBackend.read` hand NIXL is sealed, and
+:meth:`KVBackend.poll` returns only what it could verify (the rest is counted
+and dropped, with a rate-limited log). The workers above see the same plain
+messages either way.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from functools import cache
@@ -20,7 +28,11 @@ import torch
 from ..adapters.kv_pool import LayoutError, PoolExhausted, PoolLayout
 from ..adapters.nixl import NixlEndpoint, free_port
 from ..adapters.xfer import Transfer, XferDescs, XferState
+from ..core.mac import FRAME_OVERHEAD
+from ..core.mac_peers import PeerAuth, Refused
+from .keys import announce
 from .model import TinyDecoder
+from .notifications import DropLog
 from .trace import open_trace, text
 
 if TYPE_CHECKING:
@@ -86,28 +98,76 @@ class KVBackend:
         self.nixl_port = opts.nixl_port or free_port(opts.host)
         self.endpoint = NixlEndpoint(agent_name, host=opts.host, port=self.nixl_port)
         self.pool.register_with(self.endpoint)  # before anyone connects
+        key = getattr(opts, "cluster_key", None)
+        announce(f"{role} rank {opts.rank} ({agent_name})", key)
+        #: the cluster key's connections (None: no key, nothing is sealed)
+        self.auth = None if key is None else PeerAuth(key, agent_name)
+        self._auth_drops = DropLog(logging.getLogger("leaseproto.auth"))
 
     # -- transport (the endpoint never raises transport errors) ----------------------------
-    def connect(self, agent: str, host: str, port: int) -> None:
+    def connect(self, agent: str, host: str, port: int, *, keyed: bool = False) -> None:
+        """``keyed``: the peer advertised our cluster key, so what we send it
+        is sealed (and waits for its answer to our greeting, :meth:`ready`)."""
         self.endpoint.connect(agent, host, port)
+        if keyed and self.auth is not None:
+            self.auth.expect(agent)
 
     def is_connected(self, agent: str) -> bool:
         return self.endpoint.is_connected(agent)
 
+    def ready(self, agent: str) -> bool:
+        """Connected, and (with a key) a greeted peer answered: messages can go."""
+        return self.endpoint.is_connected(agent) and (self.auth is None or self.auth.ready(agent))
+
+    @property
+    def frame_overhead(self) -> int:
+        """Bytes sealing adds to a message (0 without a key)."""
+        return 0 if self.auth is None else FRAME_OVERHEAD
+
+    def _seal(self, agent: str, payload: bytes) -> bytes | None:
+        return payload if self.auth is None else self.auth.seal(agent, payload)
+
     def send(self, agent: str, payload: bytes) -> bool:
+        """False when NIXL refused it, or (with a key) no connection to a
+        greeted peer is up yet."""
+        data = self._seal(agent, payload)
         if not self.trace.enabled:
-            return self.endpoint.send(agent, payload)
+            return data is not None and self.endpoint.send(agent, data)
         sent_at = time.monotonic()  # before the send: its receiver may log it at once
-        ok = self.endpoint.send(agent, payload)
+        ok = data is not None and self.endpoint.send(agent, data)
         self.trace.emit("send", stamp=sent_at, to=agent, data=text(payload), ok=ok)
         return ok
 
     def poll(self) -> list[tuple[str, bytes]]:
         got = self.endpoint.poll()
+        if self.auth is not None:
+            got = self._open(got)
         if self.trace.enabled:
             for sender, payload in got:
                 self.trace.emit("recv", src=sender, data=text(payload))
         return got
+
+    def _open(self, got: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
+        assert self.auth is not None
+        out = []
+        for sender, data in got:
+            payload = self.auth.open(sender, data)
+            if isinstance(payload, Refused):
+                self._auth_drops.drop(f"{payload.reason} notification", payload.detail)
+            else:
+                out.append((sender, payload))
+        self._auth_drops.flush()
+        return out
+
+    def auth_stats(self) -> dict[str, object]:
+        """What the cluster key refused (empty without a key)."""
+        if self.auth is None:
+            return {}
+        return {
+            "cluster_key": self.auth.key.key_id,
+            "auth_dropped": dict(self.auth.dropped),
+            "auth_unsealed": self.auth.unsealed,
+        }
 
     def take_lost_peers(self) -> list[tuple[str, str]]:
         return self.endpoint.take_lost_peers()
@@ -117,7 +177,11 @@ class KVBackend:
     ) -> Transfer:
         if self.trace.enabled:
             self.trace.emit("read", to=agent, data=text(notif_msg))
-        return self.endpoint.read(agent, local, remote, notif_msg=notif_msg)
+        # None: no connection yet (the workers read only once P answered the
+        # greeting); the bare notification is then dropped by P, and the verdict
+        # D does not get turns the read into a recompute
+        sealed = self._seal(agent, notif_msg)
+        return self.endpoint.read(agent, local, remote, notif_msg=sealed or notif_msg)
 
     def transfer_state(self, xfer: Transfer) -> XferState:
         return self.endpoint.transfer_state(xfer)

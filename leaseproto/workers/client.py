@@ -9,6 +9,7 @@ from typing import Any
 
 import zmq
 
+from .keys import CurveKeys
 from .plane import Msg, decode, encode
 
 __all__ = ["RouterClient"]
@@ -17,10 +18,13 @@ __all__ = ["RouterClient"]
 class RouterClient:
     """Submit many requests to the router without blocking; collect answers."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, *, curve: CurveKeys | None = None) -> None:
+        """``curve``: the cluster's keys, for a router that has one."""
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self.sock: zmq.Socket[bytes] = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
+        if curve is not None:
+            curve.client(self.sock)
         self.sock.connect(address)
         self.results: dict[Any, Msg] = {}
         self.sent: dict[Any, float] = {}

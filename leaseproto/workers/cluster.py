@@ -32,6 +32,7 @@ from typing import Any, TextIO
 
 from ..core.config import LeaseConfig
 from .client import RouterClient
+from .keys import CurveKeys, curve, load_cluster_key
 from .plane import Msg, call
 
 __all__ = ["Cluster", "ClusterSpec", "RouterClient", "TraceViolation", "Worker"]
@@ -70,6 +71,8 @@ class ClusterSpec:
     #: a violation in the traces raises (off: it is only reported, for a baseline that
     #: breaks the protocol on purpose, such as the demo's fixed timeout)
     trace_must_pass: bool = True
+    #: every worker and the cluster's own clients use this cluster key (None: none)
+    cluster_key_file: str | None = None
 
     @property
     def config(self) -> LeaseConfig:
@@ -137,6 +140,8 @@ class Cluster:
         self.traces: list[Path] = []
         #: what ``leaseproto check-trace`` said of them, once checked
         self.trace_report: dict[str, Any] | None = None
+        #: the request plane's keys, when the cluster has a key (pass to ``call``)
+        self.curve: CurveKeys | None = curve(load_cluster_key(spec.cluster_key_file))
 
     # -- processes ------------------------------------------------------------------------
     def _spawn(self, name: str, args: list[str]) -> Worker:
@@ -159,6 +164,8 @@ class Cluster:
             self.spec.log_level,
             "--exit-with-parent",
         ]
+        if self.spec.cluster_key_file is not None:
+            cmd += ["--cluster-key-file", self.spec.cluster_key_file]
         if self.spec.trace and args[0] in ("prefill", "decode"):
             trace = self.log_dir / f"{name}.trace.jsonl"
             self.traces.append(trace)
@@ -265,7 +272,10 @@ class Cluster:
             if left <= 0:
                 raise TimeoutError("router never saw every worker:\n" + self.router.log_tail())
             with contextlib.suppress(TimeoutError):
-                if call(self.router.address, {"op": "ping"}, timeout=min(1.0, left)).get("ready"):
+                ping = call(
+                    self.router.address, {"op": "ping"}, timeout=min(1.0, left), curve=self.curve
+                )
+                if ping.get("ready"):
                     return self
             time.sleep(0.05)
 
@@ -359,11 +369,11 @@ class Cluster:
 
     # -- requests -------------------------------------------------------------------------
     def stats(self, worker: Worker, timeout: float = 5.0) -> Msg:
-        return call(worker.address, {"op": "stats"}, timeout=timeout)
+        return call(worker.address, {"op": "stats"}, timeout=timeout, curve=self.curve)
 
     def client(self) -> RouterClient:
         assert self.router is not None, "cluster not started"
-        return RouterClient(self.router.address)
+        return RouterClient(self.router.address, curve=self.curve)
 
     def wait_decode_holds(self, client: RouterClient, n: int, *, timeout: float) -> bool:
         """Wait until the first decode worker tracks or has completed ``n``

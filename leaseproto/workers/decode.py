@@ -39,6 +39,7 @@ from .decode_follower import Followers
 from .decode_leases import DecodeLeases
 from .decode_reads import DecodeReads
 from .decode_state import DecodeOptions, Engine, Req
+from .keys import curve
 from .loop import IDLE_WAIT_S, PENDING_WAIT_S, EngineLoop
 from .metrics import DecodeMetrics, stats_dict
 from .notifications import DropLog, NotificationGate
@@ -61,8 +62,9 @@ class DecodeWorker(DecodeReads, DecodeLeases, EngineLoop):
             opts, agent_name=f"decode-r0-{secrets.token_hex(3)}", role="decode", full_heads=True
         )
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-        self.server = Server(self.ctx, opts.host, opts.port)
-        self.followers = Followers(self.ctx, opts.followers)
+        keys = curve(opts.cluster_key)
+        self.server = Server(self.ctx, opts.host, opts.port, curve=keys)
+        self.followers = Followers(self.ctx, opts.followers, curve=keys)
         self.metrics = DecodeMetrics(
             opts.engine_id, opts.rank, tracker_stats=lambda: self.tracker.stats
         )
@@ -150,6 +152,12 @@ class DecodeWorker(DecodeReads, DecodeLeases, EngineLoop):
         if req.req_id in self.running or any(r.req_id == req.req_id for r in self.waiting):
             self._refuse(envelope, req.req_id, "duplicate request id")
             return
+        problem = self._key_mismatch(req)
+        if problem is not None:
+            self.counts["failed"] += 1
+            self.drops.drop("request of a P engine with another cluster key", problem)
+            self._refuse(envelope, req.req_id, f"refused P engine {req.engine_id}: {problem}")
+            return
         problem = self._lease_mismatch(req)
         if problem is not None and self.opts.lease_mismatch == "refuse":
             self.counts["failed"] += 1
@@ -177,6 +185,27 @@ class DecodeWorker(DecodeReads, DecodeLeases, EngineLoop):
                 self._malformed(f"req {req.req_id}: {exc}")
                 self._finish(req, ok=False, error=str(exc))
 
+    def _key_mismatch(self, req: Req) -> str | None:
+        """Why our cluster key and the one P advertised cannot talk, or None.
+        A P that did not advertise ``leaseproto/1`` is a stock peer: it gets
+        vLLM's messages, unsealed, and its reads are used unverified."""
+        ours = None if self.opts.cluster_key is None else self.opts.cluster_key.key_id
+        for rank in req.ranks:
+            theirs = rank.key_id
+            if rank.advert is None or theirs == ours:
+                continue
+            if ours is None:
+                return (
+                    f"P agent {rank.agent} seals its messages with cluster key "
+                    f"{theirs}; this decoder has none (--cluster-key-file)"
+                )
+            return (
+                f"P agent {rank.agent} advertised "
+                + ("no cluster key" if theirs is None else f"cluster key {theirs}")
+                + f", this decoder holds {ours}"
+            )
+        return None
+
     def _refuse(self, envelope: list[bytes], req_id: object, error: str) -> None:
         """Answer a ``decode`` request that will not be served."""
         self.server.reply(
@@ -198,7 +227,10 @@ class DecodeWorker(DecodeReads, DecodeLeases, EngineLoop):
                 and all(r.verdicts for r in req.ranks),
             )
             for rank in req.ranks:  # ValueError: NIXL refuses the address; nothing kept
-                self.backend.connect(rank.agent, rank.host, rank.nixl_port)
+                # keyed: P advertised our cluster key (checked at intake), seal for it
+                self.backend.connect(
+                    rank.agent, rank.host, rank.nixl_port, keyed=rank.key_id is not None
+                )
             self.engines[req.engine_id] = engine
             self.followers.connect(req.ranks)
             log.info("handshake started with P engine %s (%d ranks)", req.engine_id, len(req.ranks))
@@ -333,6 +365,7 @@ class DecodeWorker(DecodeReads, DecodeLeases, EngineLoop):
             "oversized": self.gate.oversized,
             "unknown_sender": self.gate.unknown_sender,
             "tracker": stats_dict(self.tracker.stats),
+            **self.backend.auth_stats(),
         }
 
     # -- loop -----------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from ..adapters.xfer import Transfer
 from ..core import wire
 from .backend import KVBackend
 from .decode_state import DecodeOptions, Req, hello, verdict_wait
+from .keys import CurveKeys, curve
 from .loop import EngineLoop
 from .messages import RankParams, parse
 from .metrics import DecodeMetrics
@@ -48,8 +49,14 @@ _READ_TIMEOUT_S = 30.0
 class Followers:
     """Rank 0's links to ranks 1, 2, ... (in rank order)."""
 
-    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], addresses: list[str]) -> None:
-        self.peers = [Peer(ctx, a) for a in addresses]
+    def __init__(
+        self,
+        ctx: zmq.Context[zmq.Socket[bytes]],
+        addresses: list[str],
+        *,
+        curve: CurveKeys | None = None,
+    ) -> None:
+        self.peers = [Peer(ctx, a, curve=curve) for a in addresses]
 
     @property
     def ranks(self) -> range:
@@ -118,7 +125,7 @@ class DecodeFollower(EngineLoop):
             opts, agent_name=f"decode-r{opts.rank}-{secrets.token_hex(3)}", role="decode"
         )
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-        self.server = Server(self.ctx, opts.host, opts.port)
+        self.server = Server(self.ctx, opts.host, opts.port, curve=curve(opts.cluster_key))
         self.metrics = DecodeMetrics(opts.engine_id, opts.rank)
         if opts.metrics_port is not None:
             self.metrics.serve(opts.host, opts.metrics_port)
@@ -156,6 +163,7 @@ class DecodeFollower(EngineLoop):
             "reads": len(self.reads),
             "blocks_free": self.backend.num_free,
             **self.counts,
+            **self.backend.auth_stats(),
         }
 
     def _to_leader(self, msg: Msg) -> None:
@@ -169,7 +177,9 @@ class DecodeFollower(EngineLoop):
             if op == "connect":
                 for r in msg.get("ranks", []):
                     rank = parse(r, RankParams)
-                    self.backend.connect(rank.agent, rank.host, rank.nixl_port)
+                    self.backend.connect(
+                        rank.agent, rank.host, rank.nixl_port, keyed=rank.key_id is not None
+                    )
                     if rank.verdicts and self.opts.policy == "lease" and self.opts.verify_reads:
                         self.verified_agents.add(rank.agent)
             elif op == "read":

@@ -49,7 +49,7 @@ class DecodeLeases(DecodeView):
             for e in self.tracker.engines()
             if e in self.engines
             and not self.engines[e].lost
-            and not all(self.backend.is_connected(a) for a in self.engines[e].agents)
+            and not all(self.backend.ready(a) for a in self.engines[e].agents)
         }
 
     def lease_step(self) -> None:
@@ -69,8 +69,10 @@ class DecodeLeases(DecodeView):
         engine = self.engines.get(engine_id)
         if engine is None or engine.lost:
             return
-        # the tracker checked each id at track: encoded without the per-id checks
-        payloads = self.tracker.payloads(ids, max_bytes=self.config.max_notification_bytes)
+        # the tracker checked each id at track: encoded without the per-id checks;
+        # with a cluster key each message leaves room for its frame
+        room = self.config.max_notification_bytes - self.backend.frame_overhead
+        payloads = self.tracker.payloads(ids, max_bytes=room)
         log.debug(
             "heartbeat to P engine %s (%d rank%s) naming %d req%s: %s",
             engine_id,

@@ -71,6 +71,11 @@ class DecodeOptions(RankOptions):
             raise ValueError("max_running must be >= 1")
         if self.step_time < 0:
             raise ValueError("step_time must be >= 0")
+        if self.cluster_key is not None and not self.verify_reads:
+            raise ValueError(
+                "a cluster key cannot be combined with unverified reads (the greeting "
+                "that opens a sealed connection is the verdict handshake)"
+            )
 
 
 @dataclass

@@ -12,6 +12,9 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ..core.config import LeaseConfig
+from ..core.mac import FRAME_OVERHEAD, ClusterKey
+from ..core.wire import MAX_ID_BYTES, VERDICT_OVERHEAD
+from .keys import load_cluster_key
 from .notifications import MAX_INCOMING_BYTES
 from .plane import Msg, Server
 
@@ -52,6 +55,9 @@ class RankOptions:
     max_notification_in: int = MAX_INCOMING_BYTES
     #: write a structured event trace here (:mod:`.trace`); None: no trace
     trace: str | None = None
+    #: seal leaseproto's NIXL messages and run the request plane over CURVE
+    #: (``--cluster-key-file``; :mod:`.keys`); None: unauthenticated
+    cluster_key: ClusterKey | None = None
 
     @classmethod
     def from_args(
@@ -77,6 +83,7 @@ class RankOptions:
             policy=args.policy,
             max_notification_in=args.max_incoming_notification_bytes,
             trace=getattr(args, "trace", None),
+            cluster_key=load_cluster_key(getattr(args, "cluster_key_file", None)),
             **extra,
         )
 
@@ -91,6 +98,16 @@ class RankOptions:
                 f"max_notification_bytes={self.config.max_notification_bytes}: "
                 "our own heartbeats would be dropped"
             )
+        if self.cluster_key is not None:
+            if self.policy != "lease":
+                raise ValueError("a cluster key needs policy 'lease' (its greeting starts it)")
+            least = MAX_ID_BYTES + VERDICT_OVERHEAD + FRAME_OVERHEAD
+            if self.config.max_notification_bytes < least:
+                raise ValueError(
+                    f"with a cluster key, max_notification_bytes must be at least {least} "
+                    f"(the longest verdict plus the {FRAME_OVERHEAD}-byte frame), got "
+                    f"{self.config.max_notification_bytes}"
+                )
 
 
 class EngineLoop:

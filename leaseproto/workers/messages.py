@@ -87,6 +87,13 @@ class RankParams(msgspec.Struct, kw_only=True):
         return self.advert is not None
 
     @property
+    def key_id(self) -> str | None:
+        """The id of the cluster key P seals its messages with, if it has one
+        (``auth`` in its advertisement)."""
+        key = None if self.advert is None else self.advert.get("auth")
+        return key if isinstance(key, str) else None
+
+    @property
     def lease(self) -> PeerLease | None:
         """The lease settings P advertised, or None."""
         return None if self.advert is None else PeerLease.parse(self.advert)

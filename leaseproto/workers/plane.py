@@ -6,6 +6,10 @@ with an ``"op"`` key. Nothing here blocks the caller's engine loop: receiving
 is non-blocking and the loop waits in :meth:`zmq.Poller.poll` with a timeout
 it chooses.
 
+With a cluster key (:mod:`.keys`) every socket runs ZeroMQ's CURVE
+security: a client without the key completes no handshake, so none of its
+messages reaches a worker.
+
 A peer that disconnects is noticed through ZeroMQ's socket monitor
 (:meth:`Peer.disconnected`), so the router can fail a request whose worker
 died instead of waiting for an answer that will never come.
@@ -27,6 +31,8 @@ from typing import Any
 import msgpack
 import zmq
 from zmq.utils.monitor import recv_monitor_message
+
+from .keys import CurveKeys, ZapGuard
 
 __all__ = [
     "BadMessage",
@@ -73,10 +79,21 @@ def _endpoint(host: str, port: int) -> str:
 class Server:
     """A bound ``ROUTER`` socket: receive requests, reply to their sender."""
 
-    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], host: str, port: int) -> None:
+    def __init__(
+        self,
+        ctx: zmq.Context[zmq.Socket[bytes]],
+        host: str,
+        port: int,
+        *,
+        curve: CurveKeys | None = None,
+    ) -> None:
+        """``curve``: accept only clients that hold the cluster key."""
         self.sock: zmq.Socket[bytes] = ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        self.zap = None if curve is None else ZapGuard(ctx, curve)
+        if curve is not None:
+            curve.server(self.sock)
         if port == 0:
             self.port = self.sock.bind_to_random_port(f"tcp://{host}")
         else:
@@ -111,6 +128,8 @@ class Server:
 
     def close(self) -> None:
         self.sock.close(0)
+        if self.zap is not None:
+            self.zap.stop()
 
 
 class Peer:
@@ -122,10 +141,18 @@ class Peer:
     worker at the same address is reachable again.
     """
 
-    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], address: str) -> None:
+    def __init__(
+        self,
+        ctx: zmq.Context[zmq.Socket[bytes]],
+        address: str,
+        *,
+        curve: CurveKeys | None = None,
+    ) -> None:
         self.address = address
         self.sock: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
+        if curve is not None:
+            curve.client(self.sock)
         self.sock.setsockopt(zmq.RECONNECT_IVL, 100)
         self._monitor: zmq.Socket[bytes] = self.sock.get_monitor_socket(
             zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
@@ -189,8 +216,10 @@ def call(
     *,
     timeout: float = 5.0,
     ctx: zmq.Context[zmq.Socket[bytes]] | None = None,
+    curve: CurveKeys | None = None,
 ) -> Msg:
     """Send one request and wait for its reply (for clients, the CLI and tests).
+    ``curve``: the cluster's keys (a keyed worker answers nothing without them).
 
     Raises:
         TimeoutError: no reply within ``timeout`` seconds.
@@ -199,6 +228,8 @@ def call(
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context() if ctx is None else ctx
     sock: zmq.Socket[bytes] = context.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
+    if curve is not None:
+        curve.client(sock)
     try:
         sock.connect(address)
         sock.send(encode(msg))
@@ -211,7 +242,13 @@ def call(
             context.term()
 
 
-def wait_ready(address: str, *, deadline: float, alive: Callable[[], bool] | None = None) -> Msg:
+def wait_ready(
+    address: str,
+    *,
+    deadline: float,
+    alive: Callable[[], bool] | None = None,
+    curve: CurveKeys | None = None,
+) -> Msg:
     """Ping ``address`` until it answers or ``deadline`` (``time.monotonic``)
     passes; if ``alive()`` turns false meanwhile, fail at once.
 
@@ -224,7 +261,7 @@ def wait_ready(address: str, *, deadline: float, alive: Callable[[], bool] | Non
         if remaining <= 0:
             raise TimeoutError(f"{address} did not answer before the deadline")
         try:
-            return call(address, {"op": "ping"}, timeout=min(0.5, remaining))
+            return call(address, {"op": "ping"}, timeout=min(0.5, remaining), curve=curve)
         except TimeoutError:
             pass
         if alive is not None and not alive():

@@ -31,6 +31,7 @@ from ..core import wire
 from ..core.peer import PARAMS_KEY, advertisement
 from ..core.table import LeaseTable
 from .backend import KVBackend
+from .keys import curve
 from .loop import IDLE_WAIT_S, PENDING_WAIT_S, EngineLoop, RankOptions
 from .messages import Abort, Prefill, parse
 from .metrics import PrefillMetrics, stats_dict
@@ -73,7 +74,7 @@ class PrefillWorker(PrefillLeases, EngineLoop):
         self.agent_name = f"{opts.engine_id}-r{opts.rank}-{secrets.token_hex(3)}"
         self.backend = KVBackend(opts, agent_name=self.agent_name, role="prefill")
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-        self.server = Server(self.ctx, opts.host, opts.port)
+        self.server = Server(self.ctx, opts.host, opts.port, curve=curve(opts.cluster_key))
         self.metrics = PrefillMetrics(
             opts.engine_id, opts.rank, table_stats=lambda: self.table.stats
         )
@@ -95,8 +96,10 @@ class PrefillWorker(PrefillLeases, EngineLoop):
         self._now = -math.inf
         self.metrics.blocks_free.set(self.backend.num_free)
         #: our lease settings, as durations, in every transfer parameter set (lease policy)
+        # (with a cluster key, its id: D seals what it sends us and refuses us without it)
+        key = {} if opts.cluster_key is None else {"auth": opts.cluster_key.key_id}
         self._advertised = (
-            {PARAMS_KEY: advertisement(opts.config)} if opts.policy == "lease" else {}
+            {PARAMS_KEY: {**advertisement(opts.config), **key}} if opts.policy == "lease" else {}
         )
 
     def ready_info(self) -> dict[str, Any]:
@@ -265,6 +268,7 @@ class PrefillWorker(PrefillLeases, EngineLoop):
             "inbox_overflow": self.inbox.overflow,
             "heartbeats_received": self.heartbeats_received,
             "table": stats_dict(self.table.stats),
+            **self.backend.auth_stats(),
         }
 
     # -- loop -----------------------------------------------------------------------------

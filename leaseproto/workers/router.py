@@ -33,6 +33,8 @@ from typing import Any
 import zmq
 
 from ..core import wire
+from ..core.mac import ClusterKey
+from .keys import announce, curve
 from .loop import EngineLoop
 from .messages import Generate, parse
 from .metrics import RouterMetrics
@@ -52,6 +54,8 @@ class RouterOptions:
     metrics_port: int | None = 0
     #: seconds a request may take end to end before it fails
     request_timeout: float = 120.0
+    #: run every request-plane socket over CURVE (``--cluster-key-file``)
+    cluster_key: ClusterKey | None = None
 
 
 @dataclass
@@ -77,9 +81,11 @@ class Router(EngineLoop):
             raise ValueError("the router needs at least one prefill address and a decode address")
         self.opts = opts
         self.ctx: zmq.Context[zmq.Socket[bytes]] = ctx if ctx is not None else zmq.Context()
-        self.server = Server(self.ctx, opts.host, opts.port)
-        self.prefill = [Peer(self.ctx, a) for a in opts.prefill]
-        self.decode = Peer(self.ctx, opts.decode)
+        announce("router", opts.cluster_key)
+        keys = curve(opts.cluster_key)
+        self.server = Server(self.ctx, opts.host, opts.port, curve=keys)
+        self.prefill = [Peer(self.ctx, a, curve=keys) for a in opts.prefill]
+        self.decode = Peer(self.ctx, opts.decode, curve=keys)
         self.info: dict[int, Msg] = {}  # peer index -> its ping answer (decode is -1)
         self.pending: dict[str, _Pending] = {}
         self.metrics = RouterMetrics()
