@@ -71,9 +71,7 @@ def test_a_keyed_cluster_serves_verified_requests(cluster: Cluster) -> None:
 
 @pytest.mark.parametrize("keys", ["none", "another key"])
 def test_the_request_plane_answers_no_client_without_the_key(cluster: Cluster, keys: str) -> None:
-    curve = (
-        None if keys == "none" else CurveKeys.from_key(ClusterKey.from_bytes(b"x" * 32 + b"!"))
-    )
+    curve = None if keys == "none" else CurveKeys.from_key(ClusterKey.from_bytes(b"x" * 32 + b"!"))
     assert cluster.router is not None
     for w in [cluster.router, *cluster.prefill, *cluster.decode]:
         with pytest.raises(TimeoutError):

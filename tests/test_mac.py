@@ -222,3 +222,16 @@ def test_the_window_by_itself() -> None:
     assert w.check(1) == "too old" and w.check(3) == "replayed" and w.check(6) is None
     w.accept(1 << 40)  # a jump far ahead keeps the memory small
     assert w.check(5) == "too old" and w.check((1 << 40) - 1) is None
+
+
+@pytest.mark.parametrize("key", [b"k" * 32, b"k" * 64, b"k" * 100])
+def test_the_tag_is_hmac_sha256_of_the_context_the_sequence_and_the_payload(key: bytes) -> None:
+    import hmac
+
+    from leaseproto.core.mac import Sealer, hmac_sha256
+
+    s = Sealer(key, b"m", "decode-r0", "prefill-r0", b"\x01" * 8, b"\x02" * 8)
+    for seq, payload in ((0, b""), (7, b"HB:a,b"), (1 << 40, b"x" * 5000)):
+        data = s.context() + seq.to_bytes(8, "big") + payload
+        assert s.tag(seq, payload) == hmac.digest(key, data, "sha256")[:16]
+        assert hmac_sha256(key, data) == hmac.digest(key, data, "sha256")
