@@ -58,6 +58,13 @@ def register(sub: Any) -> None:
         "--json", metavar="FILE", default=None, help="also write the figures of every phase as JSON"
     )
     p.add_argument(
+        "--cluster-key-file",
+        default=None,
+        metavar="PATH",
+        help="run the lease phases with this cluster key (as leaseproto serve "
+        "--cluster-key-file; the fixed-timeout phase runs without)",
+    )
+    p.add_argument(
         "--log-dir",
         default=None,
         metavar="DIR",
@@ -81,6 +88,9 @@ def run(args: argparse.Namespace) -> int:
             check_writable(Path(args.json), folder=False)
         if args.log_dir is not None:
             check_writable(Path(args.log_dir), folder=True)
+        from ..workers.keys import load_cluster_key  # noqa: PLC0415
+
+        load_cluster_key(args.cluster_key_file)  # a bad file fails here, not in a phase
     except ValueError as exc:
         return fail("demo", str(exc))
     settings = DemoSettings(
@@ -93,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens,
         d_step_time=args.step_time,
         log_dir=args.log_dir,
+        cluster_key_file=args.cluster_key_file,
     )
     try:
         results = run_demo(settings, json_path=args.json)

@@ -52,6 +52,9 @@ class DemoSettings:
     crash_requests: int = 10
     seed: int = 1
     log_dir: str | None = None
+    #: the lease phases run with this cluster key (the fixed-timeout phase cannot: it
+    #: has no greeting to open a sealed connection with)
+    cluster_key_file: str | None = None
 
     @property
     def heartbeat_interval(self) -> float:
@@ -105,6 +108,7 @@ def _spec(settings: DemoSettings, policy: str, p_blocks: int) -> ClusterSpec:
         d_step_time=settings.d_step_time,
         # a fixed timeout breaks I13 on purpose: its traces show where, they fail nothing
         trace_must_pass=policy == "lease",
+        cluster_key_file=settings.cluster_key_file if policy == "lease" else None,
     )
 
 
