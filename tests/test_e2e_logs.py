@@ -27,6 +27,8 @@ def test_debug_logs_show_renewals_and_metrics_ports() -> None:
         for w in cluster.workers():
             port = w.info["metrics_port"]
             assert f"metrics on http://127.0.0.1:{port}/metrics" in w.log_tail(5000), w.name
+            # without --cluster-key-file each worker says so, once, at start-up
+            assert w.log_tail(5000).count("control plane UNAUTHENTICATED") == 1, w.name
         # and `leaseproto trace` puts that history together from the three logs
         logs = [str(w.log_path) for w in cluster.workers()]
         r = subprocess.run(
