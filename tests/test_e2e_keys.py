@@ -84,7 +84,7 @@ def test_a_third_agent_without_the_key_renews_nothing(cluster: Cluster) -> None:
     heartbeats a lease no D reads: unsealed, and sealed under another key. P
     drops and counts every one, and the lease expires one initial lease after
     the grant; without the key it would be renewed as long as they come."""
-    p = cluster.prefill[0]
+    p, d = cluster.prefill[0], cluster.decode[0]
     agent = p.info["agent"]
     rid = f"orphan-{secrets.token_hex(8)}"
     granted = call(
@@ -94,13 +94,19 @@ def test_a_third_agent_without_the_key_renews_nothing(cluster: Cluster) -> None:
         curve=cluster.curve,
     )
     assert granted["op"] == "prefilled", granted
-    before = cluster.stats(p)
+    before, d_before = cluster.stats(p), cluster.stats(d)
     ep = NixlEndpoint(f"stranger-{secrets.token_hex(3)}", port=free_port(), progress_thread=True)
     forger = PeerAuth(ClusterKey.from_bytes(secrets.token_bytes(32)), ep.name)
     sent = 0
     try:
         ep.connect(agent, "127.0.0.1", p.info["nixl_port"])
-        wait_for(lambda: ep.is_connected(agent), "the third agent's handshake")
+        ep.connect(d.info["agent"], "127.0.0.1", d.info["nixl_port"])
+        wait_for(
+            lambda: ep.is_connected(agent) and ep.is_connected(d.info["agent"]),
+            "the third agent's handshakes",
+        )
+        for forged in (f"LL:expired:{rid}", f"OK:{rid}", f"NK:expired:{rid}"):  # to D
+            assert ep.send(d.info["agent"], forged.encode())
         forged_greeting = forger.seal(agent, GREETING)
         assert forged_greeting is not None and ep.send(agent, forged_greeting)
         end = time.monotonic() + LEASE + EXTENSION + 1.0
@@ -121,6 +127,10 @@ def test_a_third_agent_without_the_key_renews_nothing(cluster: Cluster) -> None:
     assert dropped["unauthenticated"] >= sent - 4  # the last few may still be in flight
     assert after["heartbeats_received"] == before["heartbeats_received"]
     assert after["verdict_readers"] == before["verdict_readers"]
+    d_after = cluster.stats(d)
+    assert _auth(d_after)["unauthenticated"] - _auth(d_before)["unauthenticated"] == 3
+    assert d_after["lease_lost"] == d_before["lease_lost"]
+    assert d_after["nacks"] == d_before["nacks"]
 
 
 def test_decode_refuses_a_p_that_does_not_advertise_its_key(cluster: Cluster) -> None:
