@@ -119,3 +119,30 @@ def test_options_that_cannot_work_with_a_key_are_refused() -> None:
     RankOptions(small).check()  # fine without a key
     with pytest.raises(ValueError, match="max_notification_bytes must be at least 585"):
         RankOptions(small, cluster_key=KEY).check()
+
+
+def test_decode_refuses_a_p_whose_key_differs_from_its_own() -> None:
+    from leaseproto.core.peer import advertisement
+    from leaseproto.workers.keys import key_mismatch
+    from leaseproto.workers.messages import RankParams
+
+    def rank(auth: str | None, *, advertised: bool = True) -> RankParams:
+        advert = {**advertisement(LeaseConfig(3.0)), **({} if auth is None else {"auth": auth})}
+        return RankParams(
+            rank=0,
+            tp=1,
+            agent="p-r0",
+            host="127.0.0.1",
+            nixl_port=5000,
+            block_ids=(0,),
+            layout={},
+            advert=advert if advertised else None,
+        )
+
+    other = ClusterKey.from_bytes(b"some other cluster key, 32 bytes")
+    assert key_mismatch([rank(KEY.key_id)], KEY) is None
+    assert key_mismatch([rank(None)], None) is None
+    assert key_mismatch([rank(None, advertised=False)], KEY) is None  # stock P: unsealed
+    assert "advertised no cluster key" in str(key_mismatch([rank(None)], KEY))
+    assert f"advertised cluster key {other.key_id}" in str(key_mismatch([rank(other.key_id)], KEY))
+    assert "this decoder has none" in str(key_mismatch([rank(KEY.key_id)], None))

@@ -39,7 +39,7 @@ from .decode_follower import Followers
 from .decode_leases import DecodeLeases
 from .decode_reads import DecodeReads
 from .decode_state import DecodeOptions, Engine, Req
-from .keys import curve
+from .keys import curve, key_mismatch
 from .loop import IDLE_WAIT_S, PENDING_WAIT_S, EngineLoop
 from .metrics import DecodeMetrics, stats_dict
 from .notifications import DropLog, NotificationGate
@@ -152,7 +152,7 @@ class DecodeWorker(DecodeReads, DecodeLeases, EngineLoop):
         if req.req_id in self.running or any(r.req_id == req.req_id for r in self.waiting):
             self._refuse(envelope, req.req_id, "duplicate request id")
             return
-        problem = self._key_mismatch(req)
+        problem = key_mismatch(req.ranks, self.opts.cluster_key)
         if problem is not None:
             self.counts["failed"] += 1
             self.drops.drop("request of a P engine with another cluster key", problem)
@@ -184,27 +184,6 @@ class DecodeWorker(DecodeReads, DecodeLeases, EngineLoop):
             except LocalProtocolError as exc:  # an id too long for our heartbeats
                 self._malformed(f"req {req.req_id}: {exc}")
                 self._finish(req, ok=False, error=str(exc))
-
-    def _key_mismatch(self, req: Req) -> str | None:
-        """Why our cluster key and the one P advertised cannot talk, or None.
-        A P that did not advertise ``leaseproto/1`` is a stock peer: it gets
-        vLLM's messages, unsealed, and its reads are used unverified."""
-        ours = None if self.opts.cluster_key is None else self.opts.cluster_key.key_id
-        for rank in req.ranks:
-            theirs = rank.key_id
-            if rank.advert is None or theirs == ours:
-                continue
-            if ours is None:
-                return (
-                    f"P agent {rank.agent} seals its messages with cluster key "
-                    f"{theirs}; this decoder has none (--cluster-key-file)"
-                )
-            return (
-                f"P agent {rank.agent} advertised "
-                + ("no cluster key" if theirs is None else f"cluster key {theirs}")
-                + f", this decoder holds {ours}"
-            )
-        return None
 
     def _refuse(self, envelope: list[bytes], req_id: object, error: str) -> None:
         """Answer a ``decode`` request that will not be served."""

@@ -25,14 +25,19 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 from zmq.utils import z85
 
 from ..core.mac import ClusterKey
 
-__all__ = ["CurveKeys", "ZapGuard", "announce", "curve", "load_cluster_key"]
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from .messages import RankParams
+
+__all__ = ["CurveKeys", "ZapGuard", "announce", "curve", "key_mismatch", "load_cluster_key"]
 
 log = logging.getLogger("leaseproto.auth")
 
@@ -74,6 +79,25 @@ def announce(role: str, key: ClusterKey | None) -> None:
             role,
             key.key_id,
         )
+
+
+def key_mismatch(ranks: Sequence[RankParams], ours: ClusterKey | None) -> str | None:
+    """Why a decoder holding ``ours`` cannot talk to these P ranks, or None.
+    A P rank that did not advertise ``leaseproto/1`` is a stock peer: it gets
+    vLLM's messages, unsealed, and its reads are used unverified."""
+    mine = None if ours is None else ours.key_id
+    for rank in ranks:
+        theirs = rank.key_id
+        if rank.advert is None or theirs == mine:
+            continue
+        if mine is None:
+            return (
+                f"P agent {rank.agent} seals its messages with cluster key {theirs}; "
+                "this decoder has none (--cluster-key-file)"
+            )
+        said = "no cluster key" if theirs is None else f"cluster key {theirs}"
+        return f"P agent {rank.agent} advertised {said}, this decoder holds {mine}"
+    return None
 
 
 @dataclass(frozen=True, repr=False)
