@@ -15,6 +15,8 @@ outside it, nor any module that reads a clock or touches the outside world
 - :mod:`.clock`: :class:`ClockOffset`, the bidirectional read gate.
 - :mod:`.wire`: the notification formats (vLLM's and ours) and the verdict rule's
   message (:func:`~leaseproto.core.wire.verdict`, I13).
+- :mod:`.mac`, :mod:`.mac_peers`: the cluster key's sealed frames (HMAC-SHA256,
+  anti-replay window) and one agent's connections under it (spec §3.6, §10.3).
 - :mod:`.events`, :mod:`.errors`: what the core returns and raises; :mod:`.checks`
   the argument checks behind its ``LocalProtocolError`` s.
 """
