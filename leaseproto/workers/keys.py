@@ -25,7 +25,7 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import zmq
 from zmq.utils import z85
@@ -35,7 +35,17 @@ from ..core.mac import ClusterKey
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from .messages import RankParams
+
+class _Advertised(Protocol):
+    """What :func:`key_mismatch` reads of a P rank (``messages.RankParams``)."""
+
+    @property
+    def agent(self) -> str: ...
+    @property
+    def advert(self) -> dict[str, Any] | None: ...
+    @property
+    def key_id(self) -> str | None: ...
+
 
 __all__ = ["CurveKeys", "ZapGuard", "announce", "curve", "key_mismatch", "load_cluster_key"]
 
@@ -81,7 +91,7 @@ def announce(role: str, key: ClusterKey | None) -> None:
         )
 
 
-def key_mismatch(ranks: Sequence[RankParams], ours: ClusterKey | None) -> str | None:
+def key_mismatch(ranks: Sequence[_Advertised], ours: ClusterKey | None) -> str | None:
     """Why a decoder holding ``ours`` cannot talk to these P ranks, or None.
     A P rank that did not advertise ``leaseproto/1`` is a stock peer: it gets
     vLLM's messages, unsealed, and its reads are used unverified."""
