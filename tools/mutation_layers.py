@@ -17,6 +17,7 @@ import importlib.util
 import json
 import linecache
 import os
+import re
 import resource
 import signal
 import sys
@@ -50,6 +51,33 @@ TEST_FILES = [  # the fast ones first (a run stops at its first failure)
     "tests/test_replay.py",
 ]
 LAYERS = ("tests", "checker", "proofs")
+#: how a layer killed a mutant (a row's ``kind``): wrong behaviour (a violated invariant,
+#: a failed obligation or test), a misuse error the core raised, a crash (any other
+#: exception of the mutated code), or a unit past its time limit
+KINDS = ("behaviour", "misuse", "crash", "timeout")
+#: the checker's verdicts (leaseproto.checker.explore) as kinds
+_CHECKER_KIND = {"violation": "behaviour", "misuse": "misuse", "crash": "crash"}
+_LEGACY = re.compile(r"^[\w-]+: (I\d+|deadlock|wire|misuse): ")
+
+
+def kind_of(layer: str, rec: dict[str, Any]) -> str | None:
+    """How ``layer`` killed a mutant (one of :data:`KINDS`), None when it did not.
+    Rows written before kinds were recorded are read from their ``first`` line."""
+    if not rec.get("killed"):
+        return None
+    if "kind" in rec:
+        return str(rec["kind"])
+    first = str(rec.get("first", ""))
+    if first.startswith("timeout"):
+        return "timeout"
+    if layer != "checker":  # a failed test or obligation; an exception says its type
+        return "crash" if re.match(r"^\w+(Error|Exception): ", first) else "behaviour"
+    m = _LEGACY.match(first)
+    if m is None:
+        return "crash"
+    return "misuse" if m.group(1) == "misuse" else "behaviour"
+
+
 #: a unit's limit: FACTOR times its traced baseline time, and never under FLOOR seconds
 FACTOR = {"tests": 10.0, "checker": 6.0, "proofs": 4.0}
 FLOOR = {"tests": 10.0, "checker": 10.0, "proofs": 30.0}
@@ -95,7 +123,8 @@ class Limits:
         self.disarm()
 
     def _expired(self, signum: int, frame: Any) -> None:
-        record = {"killed": True, "first": f"timeout ({self.limit:.0f} s): {self.what}"[:200]}
+        first = f"timeout ({self.limit:.0f} s): {self.what}"[:200]
+        record = {"killed": True, "kind": "timeout", "first": first}
         self.out.write_text(json.dumps(record))
         os._exit(0)
 
@@ -137,6 +166,7 @@ def _run_tests(units: list[str] | None, record: dict[str, Any], limits: Limits |
     args = ["-x", "-q", "-p", "no:cacheprovider", "--rootdir", str(ROOT)]
     rc = pytest.main([*args, *(units if units is not None else TEST_FILES)], plugins=[First()])
     record["rc"] = int(rc)
+    record["kind"] = "behaviour"
     return int(rc) != 0
 
 
@@ -154,6 +184,7 @@ def _run_checker(units: list[str] | None, record: dict[str, Any], limits: Limits
             limits.disarm()
         if res.violation is not None:
             record["first"] = f"{name}: {res.violation.inv}: {res.violation.text}"[:200]
+            record["kind"] = _CHECKER_KIND[res.verdict]
             return True
     return False
 
@@ -165,6 +196,7 @@ def _run_proofs(units: list[str] | None, record: dict[str, Any], limits: Limits 
         limits.arm("prove")
     rc = main([])
     record["rc"] = rc
+    record["kind"] = "behaviour"  # a failed (or unknown) obligation; an exception is a crash
     return rc != 0
 
 
@@ -256,6 +288,7 @@ def child(  # noqa: PLR0917  (called positionally by the runner's fork)
         killed = RUNNERS[layer](units, record, limits)
     except BaseException as exc:  # the mutant broke the layer itself: killed
         killed, record["first"] = True, f"{type(exc).__name__}: {exc}"[:200]
+        record["kind"] = "crash"
     signal.setitimer(signal.ITIMER_REAL, 0)
     record["killed"] = killed
     out.write_text(json.dumps(record))

@@ -15,8 +15,12 @@ so nothing is copied and nothing on disk changes; tools/mutation_layers.py):
 * ``checker``: the model checker on the real code, scopes ``QUICK`` of
   :mod:`leaseproto.checker.scope` (``small`` exhaustive, the others bounded);
 * ``proofs``: ``leaseproto prove`` (every obligation); by default only on the
-  mutants the checker did not kill (``--every-layer``: on all), since the figure
-  asked for is what the checker and the proofs kill together.
+  mutants the checker did not kill by a violated invariant (``--every-layer``: on
+  all), since the figure asked for is what the checker and the proofs kill together.
+
+Each kill records its ``kind`` (``mutation_layers.KINDS``): wrong behaviour (a
+violated invariant, a failed obligation or test), misuse, crash or timeout; the
+report counts them apart, and gives the checker-and-proofs figure by behaviour.
 
 A layer kills a mutant when it fails, errs or one of its units runs past its
 limit (``mutation_layers.unit_limit``: a multiple of the unit's baseline time). First a
@@ -49,7 +53,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from mutants import ROOT, Mutant, mutants
-from mutation_layers import LAYERS, baseline_child, child
+from mutation_layers import KINDS, LAYERS, baseline_child, child, kind_of
 
 #: a task source yields this when it has nothing to start until a running task ends
 WAIT = ("wait",)
@@ -98,9 +102,9 @@ def _jobs_loop(
         if out.exists() and out.stat().st_size:
             res = json.loads(out.read_text())
         elif os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGALRM:
-            res = {"killed": True, "first": f"timeout ({timeout:.0f} s)"}
+            res = {"killed": True, "kind": "timeout", "first": f"timeout ({timeout:.0f} s)"}
         else:
-            res = {"killed": True, "first": f"child died (status {status})"}
+            res = {"killed": True, "kind": "crash", "first": f"child died (status {status})"}
         res["seconds"] = round(time.perf_counter() - start, 2)
         yield tag, res
 
@@ -194,8 +198,10 @@ def run(args: argparse.Namespace) -> int:
         return (m.key, layer), child, (m, layer, units, took, args.timeout)
 
     def proofs_after_checker(m: Mutant) -> tuple[Any, ...] | None:
-        """The proofs' task, unless the checker (whose verdict is in) killed ``m``."""
-        if results[m.key]["checker"]["killed"]:
+        """The proofs' task, unless the checker (whose verdict is in) killed ``m`` by
+        wrong behaviour (a crash or misuse kill still runs the proofs: the figure
+        counts kills by behaviour apart)."""
+        if kind_of("checker", results[m.key]["checker"]) == "behaviour":
             results[m.key]["proofs"] = {"killed": False, "skipped": True}
             return None
         return task(m, "proofs")
@@ -261,6 +267,11 @@ def report(path: Path, markdown: bool = False) -> None:
     equiv = {k for k in rows if k not in killed and k in EQUIVALENT}
     non_eq = len(rows) - len(equiv)
     formal = {k for k in killed if rows[k]["checker"]["killed"] or rows[k]["proofs"]["killed"]}
+    behaviour = {
+        k
+        for k in formal
+        if "behaviour" in (kind_of(la, rows[k][la]) for la in ("checker", "proofs"))
+    }
     tests = {k for k in killed if rows[k]["tests"]["killed"]}
     only_formal = formal - tests
     pct = lambda a, b: f"{100 * a / max(b, 1):.1f}%"  # noqa: E731
@@ -269,11 +280,17 @@ def report(path: Path, markdown: bool = False) -> None:
     print(f"killed by tests + checker + proofs: {len(killed)} of {non_eq} ({share})")
     print(f"  unit tests alone: {len(tests)} ({pct(len(tests), non_eq)})")
     print(f"  checker + proofs alone: {len(formal)} ({pct(len(formal), non_eq)})")
+    print(
+        f"  checker + proofs alone by wrong behaviour (a violated invariant or a failed "
+        f"obligation): {len(behaviour)} ({pct(len(behaviour), non_eq)})"
+    )
     for la in ("checker", "proofs"):
         n = sum(rows[k][la]["killed"] for k in rows)
         skipped = sum(bool(rows[k][la].get("skipped")) for k in rows)
         after = f"; not run on the {skipped} the checker killed" if skipped else ""
-        print(f"    {la}: {n} ({pct(n, non_eq)}{after})")
+        kinds = collections.Counter(kind_of(la, rows[k][la]) for k in rows)
+        split = ", ".join(f"{kinds[kd]} {kd}" for kd in KINDS)
+        print(f"    {la}: {n} ({pct(n, non_eq)}{after}): {split}")
     print(f"  killed by checker or proofs and by no unit test: {len(only_formal)}")
     per_mod: dict[str, list[int]] = {}
     for k in rows:
@@ -322,7 +339,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--every-layer",
         action="store_true",
-        help="run the proofs on mutants the checker killed too (default: skip them)",
+        help="run the proofs on mutants the checker killed too (default: skip those it "
+        "killed by a violated invariant)",
     )
     ap.add_argument("--report", metavar="JSONL", help="only print the figures of a run")
     ap.add_argument("--markdown", action="store_true", help="--report's survivors as a table")

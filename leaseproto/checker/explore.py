@@ -5,6 +5,14 @@ applied. States are deduplicated by :func:`~.fingerprint.world_fingerprint`.
 Breadth-first order makes the first violation found one with the fewest steps;
 its trace is rebuilt from parent links. A state in which nothing can happen,
 not even time passing, is reported too (a modelling error, or a real deadlock).
+
+A run ends in one of four verdicts (:attr:`Result.verdict`): ``ok``;
+``violation``, an invariant failed (wrong behaviour, named by its spec id;
+a deadlock counts here); ``misuse``, the core refused a call the world made
+(a :class:`~leaseproto.core.errors.LeaseProtocolError`: the glue misused the
+core, or the core rejects legal input); ``crash``, any other exception raised
+while a step ran (a bug that fails loudly, not wrong behaviour). The mutation
+run (``tools/mutation_run.py``) counts them apart.
 """
 
 from __future__ import annotations
@@ -17,7 +25,11 @@ from ..core.errors import LeaseProtocolError
 from .scope import Scope
 from .world import Violation, World
 
-__all__ = ["Result", "check"]
+__all__ = ["CRASH", "MISUSE", "OK", "VERDICTS", "VIOLATION", "Result", "check"]
+
+OK, VIOLATION, MISUSE, CRASH = "ok", "violation", "misuse", "crash"
+#: every verdict of a run, wrong behaviour first
+VERDICTS = (OK, VIOLATION, MISUSE, CRASH)
 
 
 @dataclass
@@ -35,6 +47,9 @@ class Result:
     violation: Violation | None = None
     trace: list[str] = field(default_factory=list)
 
+    #: how the run ended: one of :data:`VERDICTS`
+    verdict: str = OK
+
     @property
     def ok(self) -> bool:
         return self.violation is None
@@ -49,10 +64,22 @@ class Result:
         if self.violation is None:
             return head + ": no violation"
         steps = "\n".join(f"  {i + 1:2d}. {s}" for i, s in enumerate(self.trace))
+        what = {VIOLATION: "VIOLATION of", MISUSE: "MISUSE:", CRASH: "CRASH:"}[self.verdict]
         return (
-            f"{head}\nVIOLATION of {self.violation.inv}: {self.violation.text}\n"
+            f"{head}\n{what} {self.violation.inv}: {self.violation.text}\n"
             f"shortest trace ({len(self.trace)} steps):\n{steps}"
         )
+
+
+def _crash(exc: Exception) -> Violation:
+    """A crash, named by the exception and the innermost frame it came from."""
+    tb = exc.__traceback__
+    where = ""
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        where = f" at {code.co_filename.rsplit('/', 2)[-1]}:{tb.tb_lineno} ({code.co_name})"
+        tb = tb.tb_next
+    return Violation("crash", f"{type(exc).__name__}: {exc}{where}")
 
 
 def check(scope: Scope) -> Result:
@@ -74,28 +101,38 @@ def check(scope: Scope) -> Result:
             link = parent[fp]
         return out[::-1]
 
+    def stop(verdict: str, v: Violation, steps: list[str]) -> None:
+        res.verdict, res.violation, res.trace = verdict, v, steps
+
     while frontier:
         fp, w = frontier.popleft()
-        acts = w.actions()
+        try:
+            acts = w.actions()
+        except Exception as exc:
+            stop(CRASH, _crash(exc), trace(fp))
+            break
         if not acts:
-            res.violation = Violation("deadlock", "nothing can happen, not even a tick")
-            res.trace = trace(fp)
+            stop(VIOLATION, Violation("deadlock", "nothing can happen, not even a tick"), trace(fp))
             break
         for act in acts:
             label = w.label(act)
-            w2 = w.copy()
             res.transitions += 1
             res.taken[act[0]] += 1
             try:
+                w2 = w.copy()
                 w2.apply(act)
+                f2 = w2.fingerprint()
             except Violation as v:
-                res.violation, res.trace = v, [*trace(fp), label]
+                stop(VIOLATION, v, [*trace(fp), label])
                 break
             except LeaseProtocolError as exc:  # the glue misused the core, or the core is wrong
-                res.violation = Violation("misuse", f"{type(exc).__name__}: {exc}")
-                res.trace = [*trace(fp), label]
+                stop(
+                    MISUSE, Violation("misuse", f"{type(exc).__name__}: {exc}"), [*trace(fp), label]
+                )
                 break
-            f2 = w2.fingerprint()
+            except Exception as exc:
+                stop(CRASH, _crash(exc), [*trace(fp), label])
+                break
             if f2 in parent:
                 continue
             parent[f2] = (fp, label)

@@ -59,7 +59,8 @@ def table_fp(t: LeaseTable, now: float, h: float) -> tuple[Any, ...]:
     )
     ended = tuple((rid, st, _rel(at, now, h)) for rid, (st, at) in t._ended.items())
     staged = tuple((rid, _rel(e[0], now, h), *e[1:]) for rid, e in t._staged.items())
-    return live, heap, ended, staged, _rel(t._last_now, now, h)
+    # the stale count decides when the table compacts (scopes with a compaction slack)
+    return live, heap, ended, staged, _rel(t._last_now, now, h), t._queue.stale
 
 
 def tracker_fp(t: HeartbeatTracker, now: float, h: float) -> tuple[Any, ...]:
@@ -72,11 +73,22 @@ def tracker_fp(t: HeartbeatTracker, now: float, h: float) -> tuple[Any, ...]:
     return by_engine, last, tuple(v.get("_unsent", ())), ranks, timers
 
 
-def clock_fp(c: ClockOffset, now: float, h: float) -> tuple[Any, ...]:
-    """The kept sample (the count of samples is only a statistic)."""
+def clock_fp(c: ClockOffset, w: World_, h: float) -> tuple[Any, ...]:
+    """The kept sample (the count of samples is only a statistic), shift-free: its
+    error (the true offset at the sample's ``t0`` minus the estimate), its
+    uncertainty and its age on D's clock. With drift the true offset moves with
+    ``now``, the error at ``t0`` does not. The age is clamped where it stops
+    mattering: past ``h`` without ageing, and with ageing faster than the true
+    drift past the age at which the aged uncertainty exceeds every span a
+    deadline can lie ahead (the gate then refuses every read)."""
     if not c.has_sample:
         return (None,)
-    return c.offset, c.uncertainty, _rel(c.sampled_at, now, h)
+    k, t0 = w.scope.d_rate, c.sampled_at
+    err = t0 / k + w.scope.skew - t0 - c.offset
+    ageing = 2 * c.rho / (1 - c.rho)
+    drift = abs(1 - k) / k
+    top = max(h, h / (ageing - drift)) if ageing > drift else h
+    return round(err, 9), c.uncertainty, min(w.d_clock(w.now) - t0, top)
 
 
 def world_fingerprint(w: World_) -> bytes:
@@ -111,7 +123,7 @@ def world_fingerprint(w: World_) -> bytes:
         tuple(sorted(w.phase.items())),
         tuple(sorted(w.reads.items())),
         tuple(sorted(w.verdicts.items())),
-        tuple((p, clock_fp(c, now, h)) for p, c in sorted(w.clocks.items())),
+        tuple((p, clock_fp(c, w, h)) for p, c in sorted(w.clocks.items())),
         tuple((p, _rel(t, now, h)) for p, t in sorted(w.hello.items())),
     )
     state = (

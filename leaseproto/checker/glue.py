@@ -73,6 +73,10 @@ def at_p(w: World_, p: str, m: Msg) -> None:
         res = table.transfer_done(r, now=now, readers=msg.count)
         if inst is not None:
             inst.tds += 1
+            if inst.tds >= msg.count and r in table:
+                raise Violation(
+                    "I10", f"{r} on {p}: {inst.tds} transfer-dones of n = {msg.count} left it live"
+                )
         elif res is None:
             w.staged[(p, r)] = w.staged.get((p, r), 0) + 1
             w.staged_mark.setdefault((p, r), table.stats.early_dropped)
@@ -101,9 +105,9 @@ def at_d(w: World_, d: str, m: Msg) -> None:
     p = m.src
     if m.data.startswith(CLOCK):
         if w.d_alive and d == w.D[0]:
-            clock = w.clocks.setdefault(p, ClockOffset(rho=0.0))
+            clock = w.clocks.setdefault(p, ClockOffset(rho=w.scope.rho))
             remote = float(m.data[len(CLOCK) :])
-            clock.add_sample(t0=float(w.hello[p]), remote_time=remote, t1=float(w.now))
+            clock.add_sample(t0=w.d_clock(w.hello[p]), remote_time=remote, t1=w.d_clock(w.now))
         return
     msg: Any = wire.decode(m.data)
     r = msg.req_id
@@ -132,7 +136,7 @@ def gate_admits(w: World_, r: str, p: str) -> bool:
         return False  # ended (D would use the deadline P last advertised), or no sample
     margin = float(w.scope.gate_margin)
     remote = deadline + w.scope.skew  # on P's clock
-    return bool(clock.read_allowed(remote, now=float(w.now), margin=margin))
+    return bool(clock.read_allowed(remote, now=w.d_clock(w.now), margin=margin))
 
 
 def check_gated_read(w: World_, r: str, p: str) -> None:
@@ -144,5 +148,6 @@ def check_gated_read(w: World_, r: str, p: str) -> None:
             "I9",
             f"the gate admitted reading {r} from {p} at {w.now} with margin "
             f"{w.scope.gate_margin}, deadline {deadline} (estimated offset {clock.offset}, "
-            f"uncertainty {clock.uncertainty}, true offset {w.scope.skew})",
+            f"uncertainty {clock.uncertainty_at(w.d_clock(w.now))} at D's {w.d_clock(w.now)}, "
+            f"true offset {w.now + w.scope.skew - w.d_clock(w.now)})",
         )

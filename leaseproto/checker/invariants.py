@@ -30,6 +30,7 @@ __all__ = [
     "check_state",
     "check_use",
     "check_verdict",
+    "check_wake",
     "tombstone_owed",
 ]
 
@@ -37,14 +38,19 @@ __all__ = [
 INVARIANTS = {
     "I1": "a renewal never shortens a live lease",
     "I2": "a lease is live on P exactly when its ghost instance is (no revival; "
-    "an abort staged before the grant ends it at the grant)",
+    "an abort staged before the grant ends it at the grant); a heartbeat never moves a "
+    "deadline that had passed",
     "I3": "every grant is released exactly once (one Release per instance)",
-    "I4": "after P's reap at now, no live lease has deadline <= now",
+    "I4": "after P's reap at now, no live lease has deadline <= now; the next_deadline() P "
+    "wakes at is the earliest live deadline",
     "I5": "bounded liveness: a lease P never renewed is released by granted_at + ttl",
     "I6": "bounded liveness: a lease is released by max(granted_at + ttl, h + lease_extension), "
-    "h P's last heartbeat naming it; its deadline never lies past that bound",
-    "I7": "with a cap C, no lease is held past granted_at + max(ttl, C)",
-    "I8": "under §5's bounds, no lease of a request D tracks expires (before its cap)",
+    "h P's last heartbeat naming it; its deadline never lies past that bound, and a heartbeat "
+    "never renews past max(deadline, min(now + E, granted_at + C))",
+    "I7": "with a cap C, no lease is held past granted_at + max(ttl, C), nor renewed past "
+    "granted_at + C",
+    "I8": "under §5's bounds, no lease of a request D tracks expires (before its cap); a "
+    "heartbeat renews a live lease to the full max(deadline, min(now + E, granted_at + C))",
     "I9": "the read gate admits a read only margin before the lease's deadline, "
     "whatever the handshake's round trip (ClockOffset; scope gate)",
     "I10": "a lease is released TRANSFERRED only after `readers` transfer-dones, "
@@ -111,6 +117,18 @@ def check_reaped(w: World_, p: str) -> None:
         check_bounds(w, p, r)
 
 
+def check_wake(w: World_, p: str, wake: float | None) -> None:
+    """I4 in time: P's loop sleeps until ``next_deadline()``, so it must be the
+    earliest deadline of a live lease (the deadline queue agrees with the leases,
+    compaction and lazy requeues included), or None with no live lease."""
+    table = w.tables[p]
+    want = min((d for r in table.live() if (d := table.deadline(r)) is not None), default=None)
+    if wake != want:
+        raise Violation(
+            "I4", f"{p}'s next_deadline() is {wake} at {w.now}, its earliest live deadline {want}"
+        )
+
+
 def check_bounds(w: World_, p: str, r: str) -> None:
     """I5-I7 against the ghosts (when P granted the lease, when P last applied a
     heartbeat naming it), not the table's own record: after P's reap at ``now``,
@@ -129,11 +147,46 @@ def check_bounds(w: World_, p: str, r: str) -> None:
 
 
 def check_renewal(w: World_, p: str, before: dict[str, float | None], lost: list[str]) -> None:
+    """One heartbeat P handled at ``now``, against the spec's renewal (§8.2, §9.2),
+    computed here from the ghosts, not by the core's rules: a lease whose deadline
+    had passed (``deadline <= now``: lapsed, to be reaped) keeps it (I2: no renewal
+    revives a lease); a live one moves to exactly ``max(deadline, min(now + E,
+    granted_at + C))``: never back (I1), never past it (I6; I7 past the cap), and
+    never short of it (I8: §5's T2 counts on the full extension)."""
     table = w.tables[p]
+    now = float(w.now)
+    ext, cap = w.cfg.lease_extension, w.cfg.max_lease_lifetime
     for r, old in before.items():
         new = table.deadline(r)
-        if old is not None and new is not None and new < old:
+        if old is None or new is None:
+            continue  # created or dropped by a heartbeat: check_state names it (I2, I3)
+        if new < old:
             raise Violation("I1", f"a heartbeat moved {r}'s deadline on {p} from {old} to {new}")
+        if old <= now:
+            if new != old:
+                raise Violation(
+                    "I2", f"a heartbeat at {now} moved {r}'s lapsed deadline {old} to {new} on {p}"
+                )
+            continue
+        inst = w.live_inst(p, r)
+        assert inst is not None  # the table's live set is the ghost's (check_state)
+        target = now + ext
+        if cap is not None:
+            target = min(target, inst.granted_at + cap)
+        want = max(old, target)
+        if new > want:
+            capped = cap is not None and new > inst.granted_at + cap
+            raise Violation(
+                "I7" if capped else "I6",
+                f"a heartbeat at {now} renewed {r} on {p} to {new}, past {want} (granted at "
+                f"{inst.granted_at}, deadline {old})",
+            )
+        if new < want:
+            raise Violation(
+                "I8",
+                f"a heartbeat at {now} renewed {r} on {p} to {new}, short of {want} (granted "
+                f"at {inst.granted_at}, deadline {old})",
+            )
     for r in lost:
         insts = w.inst.get((p, r))
         if insts and not insts[-1].live and insts[-1].reason == "transferred":

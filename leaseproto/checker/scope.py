@@ -71,9 +71,31 @@ class Scope:
     skew: int = 0
     #: the gate's margin, ticks
     gate_margin: int = 2
-    #: stop after this many distinct states (reported as a bounded run)
+    #: the drift bound D's ClockOffset ages its sample by (A5's rho; scopes with ``gate``)
+    rho: float = 0.0
+    #: D's clock advances ``d_rate`` ticks per tick of P's (scopes with ``gate``; 1: no
+    #: drift). A5 allows ``(1 - rho) / (1 + rho) <= d_rate <= (1 + rho) / (1 - rho)``
+    d_rate: float = 1.0
+    #: the ``consumers`` each grant names (the readers, unless a transfer-done's ``n``
+    #: says otherwise: D's ranks send ``n`` = ``d_ranks``)
+    consumers: int = 1
+    #: P's deadline queue is compacted once its stale entries exceed the live leases
+    #: by this many (None: the table's own 1024, which no scope reaches;
+    #: :mod:`.compaction`)
+    compaction_slack: int | None = None
+    #: P's loop asks its table ``next_deadline()`` (with the lazy requeue it does);
+    #: False: the answer is checked on a copy, the explored table never asked
+    wakes: bool = False
+    #: stop after this many distinct states (reported as a bounded run); each scope of
+    #: SCOPES but ``large`` sets it above its own state count, so ``leaseproto check
+    #: --scope S`` as typed is exhaustive
     max_states: int = 200_000
     config: LeaseConfig = field(default_factory=scope_config)
+
+    def __post_init__(self) -> None:
+        lo, hi = (1 - self.rho) / (1 + self.rho), (1 + self.rho) / (1 - self.rho)
+        if not 0 <= self.rho < 1 or not lo <= self.d_rate <= hi:
+            raise ValueError(f"d_rate={self.d_rate} breaks A5 for rho={self.rho}")
 
     def with_(self, **kw: object) -> Scope:
         return replace(self, **kw)  # type: ignore[arg-type]
@@ -102,9 +124,14 @@ SCOPES: dict[str, Scope] = {
     # the normal test suite: exhaustive in about a second
     "small": Scope("small", requests=1, p_ranks=1, d_ranks=1, dups=0, d_crash=False),
     # two P ranks: early notifications (staged before a rank's grant), aborts before a grant
-    "ranks": Scope("ranks", requests=1, p_ranks=2, d_ranks=1, dups=0, d_crash=False),
-    # two requests on one rank: tombstone order, heap order
-    "two": Scope("two", requests=2, p_ranks=1, d_ranks=1, dups=0, d_crash=False),
+    # (613,540 states)
+    "ranks": Scope(
+        "ranks", requests=1, p_ranks=2, d_ranks=1, dups=0, d_crash=False, max_states=2_000_000
+    ),
+    # two requests on one rank: tombstone order, heap order (1,853,392 states)
+    "two": Scope(
+        "two", requests=2, p_ranks=1, d_ranks=1, dups=0, d_crash=False, max_states=2_000_000
+    ),
     # D with two ranks: each reads and sends its own transfer-done, readers n = 2 from the wire
     "d2": Scope("d2", requests=1, p_ranks=1, d_ranks=2, dups=0, d_crash=False),
     # a lifetime cap of 7 ticks: D heartbeats on, P still releases by granted_at + C (I7)
@@ -124,7 +151,36 @@ SCOPES: dict[str, Scope] = {
         gate=True,
         skew=3,
     ),
-    # D's schedule over two engines that fall out of step (a lost connection)
+    # two P ranks, each grant naming 2 consumers while D's one rank sends n = 1: the
+    # readers of a transfer-done staged before the grant, or handled after it, decide
+    # (no losses or aborts: ``ranks`` has them)
+    "ranks-n": Scope(
+        "ranks-n",
+        requests=1,
+        p_ranks=2,
+        d_ranks=1,
+        dups=0,
+        losses=0,
+        aborts=False,
+        d_crash=False,
+        consumers=2,
+        max_states=2_000_000,
+    ),
+    # two requests, P's deadline queue compacted as soon as its stale entries are as many
+    # as the live leases (slack -1): a lease that ends while the other is live compacts
+    # the queue under it; reads, aborts and a D crash end leases in every order
+    "compaction": Scope(
+        "compaction",
+        requests=2,
+        p_ranks=1,
+        d_ranks=1,
+        dups=0,
+        losses=0,
+        compaction_slack=-1,
+        wakes=True,
+        max_states=2_000_000,
+    ),
+    # D's schedule over two engines that fall out of step (a lost connection; 1,495,574 states)
     "schedule": Scope(
         "schedule",
         requests=1,
@@ -135,10 +191,20 @@ SCOPES: dict[str, Scope] = {
         aborts=False,
         reconnects=1,
         config=schedule_config(),
+        max_states=2_000_000,
     ),
     # faults: D crashes or pauses past its lease, P restarts, ids are granted again
+    # (907,910 states)
     "faults": Scope(
-        "faults", requests=1, p_ranks=1, d_ranks=1, dups=1, d_pause=5, p_restarts=1, regrants=1
+        "faults",
+        requests=1,
+        p_ranks=1,
+        d_ranks=1,
+        dups=1,
+        d_pause=5,
+        p_restarts=1,
+        regrants=1,
+        max_states=3_000_000,
     ),
     # leaseproto check --scope large (its figure in docs/verification.md)
     "large": Scope(
@@ -154,21 +220,37 @@ SCOPES: dict[str, Scope] = {
 }
 
 
+# the gate with drift (A5): D's clock runs at 3/8 of the rate of P's (A5 with rho = 0.5
+# allows down to 1/3; huge, so that it shows in the few ticks a lease lives: only the
+# ratio matters), and D's ClockOffset ages its one sample by 2 rho / (1 - rho) = 2 s per
+# second of D's clock, while the true offset moves 5/3: every value is a multiple of
+# 1/64, exact in floats; an ageing of half the rule's falls short
+SCOPES["drift"] = SCOPES["gate"].with_(name="drift", rho=0.5, d_rate=0.375)
+
+
 def _one_tombstone() -> LeaseConfig:
     return replace(scope_config(), tombstone_capacity=1)
 
 
 #: The quick scopes: what the test suite and the mutation run (tools/mutation_run.py)
-#: explore on every change, ``small`` exhaustively and the others bounded.
+#: explore on every change: ``small``, ``small-crash``, ``small-pause``, ``d2``, ``cap``
+#: and ``gate`` exhaustively, the others bounded at 3,000 states (their full spaces take
+#: minutes).
 QUICK: dict[str, Scope] = {
     "small": SCOPES["small"],
     "small-crash": SCOPES["small"].with_(name="small-crash", d_crash=True),
+    # D pausing E - 1 = 3 ticks: its first heartbeat after the pause reaches P at the
+    # lease's deadline, before the reap (a renewal must not apply then)
+    "small-pause": SCOPES["small"].with_(name="small-pause", d_pause=3, losses=0),
     "ranks": SCOPES["ranks"].with_(max_states=3_000),
     "two": SCOPES["two"].with_(max_states=3_000),
     "two-tomb1": SCOPES["two"].with_(name="two-tomb1", config=_one_tombstone(), max_states=3_000),
     "schedule": SCOPES["schedule"].with_(max_states=3_000),
     "faults": SCOPES["faults"].with_(max_states=3_000),
-    "d2": SCOPES["d2"].with_(max_states=5_000),
+    "d2": SCOPES["d2"],
     "cap": SCOPES["cap"],
-    "gate": SCOPES["gate"].with_(max_states=3_000),
+    "gate": SCOPES["gate"],
+    "drift": SCOPES["drift"].with_(max_states=3_000),
+    "ranks-n": SCOPES["ranks-n"].with_(max_states=3_000),
+    "compaction": SCOPES["compaction"].with_(max_states=3_000),
 }

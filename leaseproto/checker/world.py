@@ -23,6 +23,7 @@ from ..core.tracker import HeartbeatTracker
 from . import glue
 from . import invariants as inv
 from .clone import clone_table, clone_tracker
+from .compaction import EagerQueue
 from .fingerprint import world_fingerprint
 from .ghosts import Action, Instance, Msg, Violation
 from .scope import Scope
@@ -40,7 +41,7 @@ class World:
         self.D = [f"D{i}" for i in range(scope.d_ranks)]
         self.R = [f"r{i}" for i in range(scope.requests)]
         self.now = 0
-        self.tables = {p: LeaseTable(self.cfg) for p in self.P}
+        self.tables = {p: self.new_table() for p in self.P}
         self.tracker = HeartbeatTracker(self.cfg)
         #: in flight, to be decided at the next instant
         self.net: list[Msg] = []
@@ -86,6 +87,17 @@ class World:
         #: D's clock samples of each P engine (scopes with ``gate``), and when it sent its hello
         self.clocks: dict[str, ClockOffset] = {}
         self.hello: dict[str, int] = {}
+
+    def new_table(self) -> LeaseTable:
+        """A rank's table (with a queue compacted early in scopes with a slack)."""
+        table = LeaseTable(self.cfg)
+        if self.scope.compaction_slack is not None:
+            table._queue = EagerQueue(self.scope.compaction_slack)
+        return table
+
+    def d_clock(self, t: float) -> float:
+        """D's clock at grid instant ``t`` (P's clock is ``t + skew``)."""
+        return self.scope.d_rate * t
 
     # -- branching ------------------------------------------------------------------------
     def copy(self) -> World:
@@ -272,7 +284,7 @@ class World:
         table = self.tables[p]
         # staged notifications P may forget (staging_ttl, capacity): checked only if none was
         dropped = self.staged_mark.pop((p, r), table.stats.early_dropped)
-        res = table.grant(r, now=float(self.now))
+        res = table.grant(r, now=float(self.now), consumers=self.scope.consumers)
         inst = Instance(tds=self.staged.pop((p, r), 0), granted_at=self.now)
         insts.append(inst)
         self.tombs[p].pop(r, None)
@@ -308,12 +320,17 @@ class World:
             tombs.popitem(last=False)
 
     def _do_p_step(self, p: str) -> None:
-        """P's loop step: every arrived notification, then expire (workers/prefill.py)."""
+        """P's loop step: every arrived notification, then expire, then the
+        ``next_deadline()`` it wakes at (workers/prefill.py, spec §9.2). Scopes
+        without ``wakes`` ask a copy: the query requeues renewed leases as it goes,
+        which would spare ``expire`` the lazy requeue it must get right on its own."""
         self.turn += 1
+        table = self.tables[p]
         for m in self.inbox.pop(p, []):
             glue.at_p(self, p, m)
-        for rel in self.tables[p].expire(now=float(self.now)):
+        for rel in table.expire(now=float(self.now)):
             self.released(p, rel.req_id, rel)
+        inv.check_wake(self, p, (table if self.scope.wakes else clone_table(table)).next_deadline())
         ttl = self.cfg.tombstone_ttl  # P prunes tombstones older than their ttl when it reaps
         tombs = self.tombs[p]
         for r in [r for r, (_, at) in tombs.items() if at + ttl <= self.now]:
@@ -323,7 +340,7 @@ class World:
     def _do_p_restart(self, p: str) -> None:
         self.budget["restart"] -= 1
         self.broken = True
-        self.tables[p] = LeaseTable(self.cfg)
+        self.tables[p] = self.new_table()
         self.inbox.pop(p, None)
         for (q, _), insts in self.inst.items():
             if q == p and insts and insts[-1].live:

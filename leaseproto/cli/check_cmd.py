@@ -23,7 +23,12 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--scope", choices=sorted(SCOPES), default="small", help="the world to explore")
     p.add_argument(
-        "--max-states", type=int, default=None, help="stop after this many distinct states"
+        "--max-states",
+        type=int,
+        default=None,
+        help="stop after this many distinct states (default: the scope's own bound, above its "
+        "state count for every scope but large, so a run as typed is exhaustive; large stops "
+        "at 1,000,000)",
     )
     p.set_defaults(func=run)
 

@@ -1,0 +1,212 @@
+"""The model checker's verdicts and its newer checks and scopes (issue 20): a crash
+and a misuse are verdicts apart from an invariant violation; a renewal applies only
+before the deadline and to exactly the spec's value; the lifetime cap; staging with
+``n`` other than the granted consumers; the deadline queue's compaction and
+``next_deadline``; the read gate under clock drift with the offset's ageing. Each
+check is shown failing on a mutant of the real code that the scope it runs in
+catches only through it (the real code passes the same scope)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from test_checker import NEW_CHECKS, mutate
+
+from leaseproto.checker import INVARIANTS, SCOPES, check
+from leaseproto.checker.compaction import EagerQueue
+from leaseproto.checker.explore import CRASH, MISUSE, OK, VIOLATION
+from leaseproto.checker.scope import QUICK
+from leaseproto.core import rules
+from leaseproto.core.deadlines import DeadlineQueue
+from leaseproto.core.errors import LocalProtocolError
+from leaseproto.core.table import LeaseTable
+
+
+def _rule(mp: pytest.MonkeyPatch, wrap: Any) -> None:
+    """Rebind the renewal rule to ``wrap(orig, *args)`` (the table's loop follows)."""
+    orig = rules.renew_rule
+    mp.setattr(rules, "renew_rule", lambda *a: wrap(orig, *a))
+
+
+def _lapsed_renews(orig: Any, *a: Any) -> Any:
+    """A renewal that also applies at ``now >= deadline`` (before the reap)."""
+    state, deadline, cap, now, ext = a
+    applies, _ = orig(state, now + 1.0, cap, now, ext)
+    return applies, max(deadline, now + ext) if applies else deadline
+
+
+def _short(orig: Any, *a: Any) -> Any:
+    state, deadline, cap, now, ext = a
+    return orig(state, deadline, cap, now, ext - 0.5)
+
+
+def _cap_by(shift: float) -> Any:
+    def rule(orig: Any, *a: Any) -> Any:
+        state, deadline, cap, now, ext = a
+        return orig(state, deadline, None if cap is None else cap + shift, now, ext)
+
+    return rule
+
+
+#: name -> (apply the mutant, scope, the invariant the new check names)
+CHECKS: dict[str, tuple[Any, Any, str]] = {
+    "a heartbeat renews a lapsed lease (I2)": (
+        lambda mp: _rule(mp, _lapsed_renews),
+        QUICK["small-pause"],
+        "I2",
+    ),
+    "a renewal half a tick short (I8)": (lambda mp: _rule(mp, _short), QUICK["small"], "I8"),
+    "a renewal half a tick past the cap (I7)": (
+        lambda mp: _rule(mp, _cap_by(0.5)),
+        QUICK["cap"],
+        "I7",
+    ),
+    "a renewal stopping half a tick before the cap (I8)": (
+        lambda mp: _rule(mp, _cap_by(-0.5)),
+        QUICK["cap"],
+        "I8",
+    ),
+    "readers from the wire ignored after the grant (I10)": (
+        NEW_CHECKS["readers from the wire ignored (D with 2 ranks, I10)"][0],
+        QUICK["ranks-n"],
+        "I10",
+    ),
+    "readers of a staged transfer-done ignored at grant (I10)": (
+        lambda mp: mutate(
+            mp,
+            LeaseTable,
+            "grant",
+            "lease.readers = int(staged[3]) or lease.consumers",
+            "lease.readers = lease.consumers",
+        ),
+        QUICK["ranks-n"],
+        "I10",
+    ),
+    "compaction keeps the stale entries, drops the live (I4)": (
+        lambda mp: mutate(
+            mp,
+            DeadlineQueue,
+            "compact",
+            "if live.get(lease.req_id) is lease]",
+            "if live.get(lease.req_id) is not lease]",
+        ),
+        QUICK["compaction"],
+        "I4",
+    ),
+    "compaction forgets the heap (I4)": (
+        lambda mp: mutate(
+            mp, DeadlineQueue, "compact", "self._keys = list(self._buckets)", "self._keys = []"
+        ),
+        QUICK["compaction"],
+        "I4",
+    ),
+    "next_deadline skips the first live lease (I4)": (
+        lambda mp: mutate(
+            mp, DeadlineQueue, "next_deadline", "del bucket[:i]", "del bucket[: i + 1]"
+        ),
+        QUICK["compaction"],
+        "I4",
+    ),
+    "the offset's uncertainty does not age (I9, drift)": (
+        lambda mp: mp.setattr(rules, "aged_uncertainty", lambda u, age, rho: u),
+        QUICK["drift"],
+        "I9",
+    ),
+    "the offset's uncertainty ages at half the rule's rate (I9, drift)": (
+        lambda mp: mp.setattr(
+            rules, "aged_uncertainty", lambda u, age, rho: u + rho / (1 - rho) * age
+        ),
+        QUICK["drift"],
+        "I9",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CHECKS))
+def test_each_new_check_fails_on_its_mutant(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    apply, scope, inv = CHECKS[name]
+    apply(monkeypatch)
+    res = check(scope)
+    assert res.verdict == VIOLATION, f"{name}: not caught ({res.summary()})"
+    assert res.violation is not None and res.violation.inv == inv, res.summary()
+    assert inv in INVARIANTS
+
+
+#: what each new scope adds: the same mutant passes the scope it extends
+WITHOUT: dict[str, str] = {
+    "a heartbeat renews a lapsed lease (I2)": "small",
+    "readers from the wire ignored after the grant (I10)": "small",
+    "readers of a staged transfer-done ignored at grant (I10)": "ranks",
+    "the offset's uncertainty does not age (I9, drift)": "gate",
+}
+
+
+@pytest.mark.parametrize("name", sorted(WITHOUT))
+def test_the_mutant_needs_the_new_scope(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    apply, _, _ = CHECKS[name]
+    apply(monkeypatch)
+    res = check(QUICK[WITHOUT[name]])
+    assert res.ok, res.summary()
+
+
+def test_the_compaction_scope_compacts_under_live_leases(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scope reaches ``compact`` with a lease live (the real table's own test
+    of its stale count decides, shifted by the scope's slack)."""
+    seen: list[int] = []
+    orig = DeadlineQueue.compact
+
+    def compact(self: DeadlineQueue, live: dict[str, Any]) -> None:
+        seen.append(len(live))
+        orig(self, live)
+
+    monkeypatch.setattr(DeadlineQueue, "compact", compact)
+    res = check(QUICK["compaction"])
+    assert res.ok, res.summary()
+    assert any(n > 0 for n in seen), seen
+    before = len(seen)
+    assert check(QUICK["two"]).ok
+    assert len(seen) == before  # the same world without the slack: the table's 1024
+
+
+def test_the_eager_queue_counts_stale_entries_as_the_table_does() -> None:
+    q = EagerQueue(-1)
+    assert q.stale_entries == 0 and q.stale == 1025
+    q.stale += 1
+    assert q.stale_entries == 1
+    q.stale = max(0, q.stale - 1)
+    assert q.stale_entries == 0
+    q.stale = 0  # compact's reset
+    assert q.stale_entries == 0
+    copy = q.copy(lambda lease: lease)
+    assert isinstance(copy, EagerQueue) and copy.stale == q.stale
+
+
+def test_a_crash_is_a_verdict_apart(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Python exception of the code under test ends the run as ``crash``, with
+    the exception and where it came from, not as an invariant violation."""
+    mutate(monkeypatch, LeaseTable, "expire", "self._prune(now)", "self._prune(now)\n    {}['x']")
+    res = check(QUICK["small"])
+    assert res.verdict == CRASH and res.violation is not None, res.summary()
+    assert res.violation.inv == "crash" and "KeyError" in res.violation.text, res.summary()
+    assert "expire" in res.violation.text and "CRASH" in res.summary()
+
+
+def test_a_misuse_is_a_verdict_apart(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(self: LeaseTable, *a: Any, **kw: Any) -> None:
+        raise LocalProtocolError("refused")
+
+    monkeypatch.setattr(LeaseTable, "abort", refuse)
+    res = check(QUICK["small"])
+    assert res.verdict == MISUSE and res.violation is not None, res.summary()
+    assert "MISUSE" in res.summary()
+
+
+def test_the_real_code_passes_with_verdict_ok() -> None:
+    res = check(QUICK["small"])
+    assert res.verdict == OK and res.ok
+
+
+def test_drift_breaks_no_assumption_of_the_gate() -> None:
+    with pytest.raises(ValueError, match="A5"):
+        SCOPES["drift"].with_(d_rate=0.3)  # below (1 - rho) / (1 + rho) = 1/3
