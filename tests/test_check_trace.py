@@ -279,11 +279,113 @@ def test_the_writer_writes_what_the_checker_reads(tmp_path: Path) -> None:
     assert _release_of(tf.events[3].obj) == rel
 
 
-def test_a_malformed_event_is_a_clear_error(tmp_path: Path) -> None:
+def test_a_malformed_event_is_a_violation_naming_its_line(tmp_path: Path) -> None:
     p, d = legal()
-    del p[_find(p, ev="release", req="a")]["at"]
-    with pytest.raises(TraceError, match="malformed 'release' event"):
-        check_files(_write(tmp_path, p, d))
+    i = _find(p, ev="release", req="a")
+    del p[i]["at"]
+    report = check_files(_write(tmp_path, p, d))
+    bad = [v for v in report.violations if v.invariant == "format"]
+    assert bad and bad[0].event.line == i + 1, [str(v) for v in report.violations]
+    assert "malformed 'release' event" in bad[0].message
+
+
+def test_a_line_that_is_not_an_event_is_a_violation_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    files = _write(tmp_path, *legal())
+    lines = files[0].read_text().splitlines(keepends=True)
+    lines.insert(3, "garbage {\n")
+    lines.insert(5, "[1, 2]\n")
+    files[0].write_text("".join(lines))
+    report = check_files(files)
+    got = sorted((v.event.line, v.invariant) for v in report.violations)
+    assert got == [(4, "format"), (6, "format")], [str(v) for v in report.violations]
+    assert main(["check-trace", "--all", *map(str, files)]) == 1
+    out = capsys.readouterr().out
+    assert f"{files[0]}:4: format: not JSON" in out and "Traceback" not in out
+
+
+def test_now_going_back_is_a_violation_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    p, d = legal()
+    i = _find(p, ev="expire", now=100.6)
+    p[i]["now"] = 100.2  # after the handle at 100.5
+    files = _write(tmp_path, p, d)
+    first = check_files(files).first()
+    assert first is not None and first.invariant == "§10", first
+    assert first.event.line == i + 1 and "went back from 100.5 to 100.2" in first.message
+    assert main(["check-trace", *map(str, files)]) == 1
+    assert f"{files[0]}:{i + 1}: §10:" in capsys.readouterr().out
+
+
+def test_a_reap_before_handling_what_was_received_breaks_A1(tmp_path: Path) -> None:
+    """P polled D's heartbeat at 101.5 but reaped before handling it."""
+    p, d = legal()
+    i = _find(p, ev="recv", t=101.5)
+    p.insert(i + 1, {"ev": "expire", "t": 101.5, "now": 101.5, "n": 0})
+    report = check_files(_write(tmp_path, p, d))
+    first = report.first()
+    assert first is not None and first.invariant == "A1", [str(v) for v in report.violations]
+    assert first.event.line == i + 2 and "was not handled" in first.message
+    assert report.violations == [first]  # the rest of the run is legal
+
+
+def test_a_first_notification_held_by_the_sender_gate_is_no_A1_breach(tmp_path: Path) -> None:
+    p, d = legal()
+    i = _find(p, ev="recv", t=100.5)  # D's first: P has handled nothing from it yet
+    p.insert(i + 1, {"ev": "expire", "t": 100.5, "now": 100.5, "n": 0})
+    report = check_files(_write(tmp_path, p, d))
+    assert report.ok, [str(v) for v in report.violations]
+
+
+def _staged_then_granted() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """D's transfer-done (n = 1) reaches P before its grant to 2 consumers: the
+    spec releases the lease at the grant (the staged ``n`` decides); this P
+    logged no release, as a table that ignores the staged ``n`` does."""
+    p, d = legal()
+    i = _find(p, ev="grant", req="b")
+    p[i:i] = [
+        {"ev": "recv", "t": 100.0, "src": D, "data": "c:1"},
+        {"ev": "handle", "t": 100.0, "now": 100.0, "src": D, "data": "c:1"},
+        {"ev": "send", "t": 100.0, "to": D, "data": "NK:unknown:c", "ok": True},
+        {
+            "ev": "grant",
+            "t": 100.0,
+            "now": 100.0,
+            "req": "c",
+            "consumers": 2,
+            "blocks": 2,
+            "lease": 3.0,
+        },
+    ]
+    d.insert(1, {"ev": "read", "t": 99.9, "to": P, "data": "c:1"})
+    d.insert(2, {"ev": "recv", "t": 100.1, "src": P, "data": "NK:unknown:c"})
+    return p, d
+
+
+def test_p_is_checked_against_the_naive_model_not_its_own_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug of LeaseTable (the staged ``n`` ignored at grant) in the worker is not in
+    its validator: with the same bug in this process, check-trace still finds it."""
+    from test_checker import mutate
+
+    from leaseproto.core.table import LeaseTable
+
+    mutate(
+        monkeypatch,
+        LeaseTable,
+        "grant",
+        "lease.readers = int(staged[3]) or lease.consumers",
+        "lease.readers = lease.consumers",
+    )
+    p, d = _staged_then_granted()
+    report = check_files(_write(tmp_path, p, d))
+    assert not report.ok
+    assert any(
+        v.invariant == "I10" and "never released c" in v.message for v in report.violations
+    ), [str(v) for v in report.violations]
 
 
 def test_a_read_of_an_ended_lease_used_unverified_fails(tmp_path: Path) -> None:

@@ -216,7 +216,7 @@ FLOORS = {
     "adapters": 0,
     "checker": 1,
     "scenarios": 1,
-    "testing": 1,
+    "testing": 2,  # its hypothesis machine drives the checker's naive model (floor 1)
     "sim": 1,
     "workers": 1,
     "proofs": 2,  # its counterexamples replay through scenarios (floor 1)

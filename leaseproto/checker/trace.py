@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core import wire
+from ..core.errors import LeaseProtocolError
 from ..core.rules import GRANTED
 from ..core.state import LeaseState
 from .trace_rules import Event, PrefillReplay, Violation
@@ -59,6 +60,8 @@ class TraceFile:
     header: dict[str, Any]
     events: list[Event]
     complete: bool
+    #: lines that are not events (not JSON, not an object with ``ev``), as violations
+    bad: list[Violation] = field(default_factory=list)
 
     @property
     def agent(self) -> str:
@@ -100,7 +103,8 @@ class Report:
             f"check-trace: {status}: {self.events} events in {self.files} files "
             f"({self.cut} cut short), {self.leases} leases granted, {self.releases} released, "
             f"{self.matched} notifications matched to their sends ({self.external} from "
-            f"untraced agents), {self.uses} reads used; {self.seconds:.3f} s"
+            f"untraced agents), {self.uses} reads used, no bidirectional reads (I9: the "
+            f"workers make none); {self.seconds:.3f} s"
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -115,6 +119,8 @@ class Report:
             "matched": self.matched,
             "external": self.external,
             "uses": self.uses,
+            # the trace format has no bidirectional read: the workers make none (I9)
+            "bidirectional_reads": 0,
             "seconds": self.seconds,
             "violations": len(self.violations),
             "first": None if first is None else str(first),
@@ -123,11 +129,13 @@ class Report:
 
 
 def load(path: str | Path) -> TraceFile:
-    """Read one trace. A last line cut off mid-write (a killed worker) is dropped.
+    """Read one trace. A last line cut off mid-write (a killed worker) is dropped;
+    any other line that is not an event is kept as a ``format`` violation naming
+    it (:attr:`TraceFile.bad`).
 
     Raises:
         OSError: it cannot be read.
-        TraceError: it is not a trace.
+        TraceError: it is not a trace (its first line is not a trace header).
     """
     name = str(path)
     raw = Path(path).read_text(encoding="ascii", errors="replace")
@@ -137,26 +145,39 @@ def load(path: str | Path) -> TraceFile:
     elif lines:
         lines.pop()  # no newline after it: written only in part
     events: list[Event] = []
+    bad: list[Violation] = []
     for i, line in enumerate(lines, 1):
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise TraceError(f"{name}:{i}: not JSON: {exc}") from exc
+            if i == 1:
+                raise TraceError(f"{name}:{i}: not JSON: {exc}") from exc
+            bad.append(Violation("format", Event(name, i, {}), f"not JSON: {exc}"))
+            continue
         if not isinstance(obj, dict) or "ev" not in obj:
-            raise TraceError(f"{name}:{i}: not a trace event")
+            if i == 1:
+                raise TraceError(f"{name}:{i}: not a trace event")
+            bad.append(Violation("format", Event(name, i, {}), "not a trace event"))
+            continue
         events.append(Event(name, i, obj))
-    if not events or events[0].ev != "header":
+    if not events or events[0].ev != "header" or events[0].line != 1:
         raise TraceError(f"{name}: no trace header (is it a --trace file?)")
     header = events[0].obj
-    return TraceFile(name, header, events[1:], bool(events) and events[-1].ev == "end")
+    complete = events[-1].ev == "end"
+    return TraceFile(name, header, events[1:], complete, bad)
 
 
-def _sends(traces: Iterable[TraceFile]) -> dict[tuple[str, str, bytes], deque[Event]]:
+def _sends(
+    traces: Iterable[TraceFile], report: Report
+) -> dict[tuple[str, str, bytes], deque[Event]]:
     out: dict[tuple[str, str, bytes], deque[Event]] = defaultdict(deque)
     for tf in traces:
         for e in tf.events:
             # a send the endpoint reported failed may still have left (a NIXL error after it)
             if e.ev in ("read", "send"):
+                if "to" not in e.obj:
+                    report.violations.append(Violation("format", e, f"a {e.ev} event without to"))
+                    continue
                 out[(tf.agent, str(e.obj["to"]), e.data())].append(e)
     return out
 
@@ -164,10 +185,13 @@ def _sends(traces: Iterable[TraceFile]) -> dict[tuple[str, str, bytes], deque[Ev
 def _network(traces: list[TraceFile], report: Report) -> None:
     """Every received notification from a traced agent was sent by it (§3.1)."""
     by_agent = {tf.agent: tf for tf in traces}
-    sends = _sends(traces)
+    sends = _sends(traces, report)
     for tf in traces:
         for e in tf.events:
             if e.ev != "recv":
+                continue
+            if "src" not in e.obj:
+                report.violations.append(Violation("format", e, "a recv event without src"))
                 continue
             src = str(e.obj["src"])
             sender = by_agent.get(src)
@@ -233,18 +257,24 @@ def _decode(
             except wire.MalformedMessage:
                 continue
             if isinstance(done, wire.TransferDone):
-                read_from[done.req_id].add(str(e.obj["to"]))
+                read_from[done.req_id].add(str(e.obj.get("to")))
         elif e.ev == "recv":
             try:
                 msg = wire.decode(e.data())
             except wire.MalformedMessage:
                 continue
             if isinstance(msg, wire.Ok):
-                oks.add((str(e.obj["src"]), msg.req_id))
+                oks.add((str(e.obj.get("src")), msg.req_id))
         elif e.ev == "use":
             report.uses += 1
             remote = str(e.obj.get("remote"))
-            ok_from = {str(a) for a in e.obj.get("ok_from", [])}
+            got = e.obj.get("ok_from", [])
+            if not isinstance(got, list):
+                report.violations.append(
+                    Violation("format", e, "a use event whose ok_from is not a list")
+                )
+                continue
+            ok_from = {str(a) for a in got}
             sources = read_from.get(remote, set())
             missing = sorted(a for a in ok_from if (a, remote) not in oks)
             if missing:
@@ -289,15 +319,16 @@ def check_traces(traces: list[TraceFile]) -> Report:
     by_agent = {tf.agent: tf for tf in traces}
     replays: dict[str, PrefillReplay] = {}
     for tf in traces:
+        report.violations += tf.bad
         if tf.role == "prefill":
-            replay = replays[tf.agent] = PrefillReplay(tf.header, complete=tf.complete)
+            try:
+                replay = replays[tf.agent] = PrefillReplay(tf.header, complete=tf.complete)
+            except (LeaseProtocolError, KeyError, TypeError, ValueError) as exc:
+                raise TraceError(
+                    f"{tf.path}:1: a header whose configuration is bad: {exc}"
+                ) from exc
             for e in tf.events:
-                try:
-                    replay.feed(e)
-                except (KeyError, TypeError, ValueError) as exc:
-                    raise TraceError(
-                        f"{e.path}:{e.line}: a malformed {e.ev!r} event: {exc!r}"
-                    ) from exc
+                replay.feed(e)  # a malformed event is a violation naming its line
             replay.finish()
             report.leases += replay.grants
             report.releases += replay.releases
@@ -305,10 +336,7 @@ def check_traces(traces: list[TraceFile]) -> Report:
     for tf in traces:
         if tf.role == "decode":
             _decode(tf, by_agent, replays, report)
-    try:
-        _network(traces, report)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise TraceError(f"a malformed send, read or recv event: {exc!r}") from exc
+    _network(traces, report)
     report.seconds = time.perf_counter() - start
     return report
 

@@ -10,13 +10,22 @@ Two checks run side by side over the rank's events, in the rank's own order
   :mod:`leaseproto.core.rules` (an EXPIRED release needs ``expire_due``, a
   renewal ``renew_applies`` and ``renew_rule``'s bound, an OK
   ``transfer_verdict_ok``);
-* **the table**: every input the worker logged (grants, request-plane aborts,
+* **the oracle**: every input the worker logged (grants, request-plane aborts,
   each notification it handed over with its ``now``, each ``expire``) goes
-  through a fresh :class:`~leaseproto.core.table.LeaseTable` built from the
-  configuration in the trace's header, and what the worker logged between
-  one input and the next (releases, renewals, notifications sent) must be
-  exactly what the table and the verdict rule (:func:`leaseproto.wire.verdict`)
-  produce for it -- staging, tombstones and re-grants included.
+  through the spec's naive model of a rank (:class:`~.naive.NaiveLeaseTable`,
+  written from the spec's prose, not the worker's :class:`~leaseproto.LeaseTable`:
+  a table bug is not in both the worker and its validator) built from the
+  configuration in the trace's header, and what the worker logged between one
+  input and the next (releases, renewals, notifications sent) must be exactly
+  what the model and the verdict rule (:func:`leaseproto.wire.verdict`) produce
+  for it -- staging, tombstones and re-grants included.
+
+Beside them: P's ``now`` never goes back (§10: the table would refuse it), and
+**A1**: P reaps only once it has handled what it had received -- a
+notification a poll returned before an ``expire`` and handled after it broke
+A1 (a sender P has not handled anything from yet may be held by the sender
+gate until its metadata arrives, and is excused). A malformed event is a
+violation naming its line, not an error.
 
 A trace cut short (no ``end``: the worker was killed) may lack the outputs of
 its last input; nothing else is excused.
@@ -24,16 +33,15 @@ its last input; nothing else is excused.
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict, deque
 from dataclasses import dataclass
 from typing import Any
 
 from ..core import rules, wire
 from ..core.config import LeaseConfig
-from ..core.errors import LocalProtocolError
 from ..core.events import LateTransfer, Release, ReleaseReason, TransferCounted
 from ..core.state import TRANSITIONS, Input, LeaseState
-from ..core.table import LeaseTable
+from .naive import NaiveLeaseTable
 
 __all__ = ["Event", "PrefillReplay", "Violation"]
 
@@ -61,7 +69,9 @@ class Event:
 
     @property
     def t(self) -> float:
-        return float(self.obj.get("t", 0.0))
+        """The worker's monotonic clock at the event (0 when unreadable)."""
+        t = self.obj.get("t", 0.0)
+        return float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else 0.0
 
     def data(self) -> bytes:
         return str(self.obj.get("data", "")).encode("latin-1")
@@ -102,12 +112,19 @@ class PrefillReplay:
 
     def __init__(self, header: dict[str, Any], *, complete: bool) -> None:
         self.config = LeaseConfig.from_extra_config(header.get("config", {}))
-        self.table = LeaseTable(self.config)
+        self.table = NaiveLeaseTable(self.config)
         self.lease_policy = header.get("policy", "lease") == "lease"
         self.complete = complete
         self.readers: set[str] = set()
         self.ghost: dict[str, _Ghost] = {}
         self.received: Counter[tuple[str, bytes]] = Counter()
+        #: (sender, bytes) -> the recv events not handled yet, oldest first (A1)
+        self.unhandled: defaultdict[tuple[str, bytes], deque[Event]] = defaultdict(deque)
+        #: recv events an expire reaped over while they were unhandled -> that expire
+        self.reaped_over: dict[int, Event] = {}
+        #: senders P handled a notification from (known to its sender gate)
+        self.known: set[str] = set()
+        self._now = -float("inf")
         self.violations: list[Violation] = []
         self.grants = 0
         self.releases = 0
@@ -124,13 +141,27 @@ class PrefillReplay:
 
     # -- inputs ---------------------------------------------------------------------------
     def feed(self, e: Event) -> None:
+        """One event; a malformed one (a field missing or of the wrong type) is a
+        violation naming its line."""
+        try:
+            self._feed(e)
+        except (KeyError, TypeError, ValueError) as exc:
+            self._fail("format", e, f"a malformed {e.ev!r} event: {exc!r}")
+
+    def _feed(self, e: Event) -> None:
         kind, o = e.ev, e.obj
         if kind == "recv":
-            self.received[(str(o["src"]), e.data())] += 1
+            key = (str(o["src"]), e.data())
+            self.received[key] += 1
+            self.unhandled[key].append(e)
         elif kind in ("grant", "abort_req", "handle", "expire"):
             self._close()
             self._cause = e
             self._msg = None
+            now = float(o["now"])
+            if now < self._now:
+                self._fail("§10", e, f"P's now went back from {self._now} to {now}")
+            self._now = max(self._now, now)
             getattr(self, "_in_" + kind)(e, o)
         elif kind == "release":
             self._out_release(e, o)
@@ -164,14 +195,14 @@ class PrefillReplay:
         now, req = float(o["now"]), str(o["req"])
         self.grants += 1
         g = self.ghost.get(req)
-        if g is not None and g.state == rules.GRANTED:
+        if (g is not None and g.state == rules.GRANTED) or req in self.table:
             self._fail("I3", e, f"{req} granted again while its lease is live")
             return
-        try:
-            rel = self.table.grant(req, now=now, consumers=int(o.get("consumers", 1)))
-        except LocalProtocolError as exc:
-            self._fail("I3", e, f"the table refuses this grant: {exc}")
+        consumers = int(o.get("consumers", 1))
+        if not 1 <= consumers <= wire.MAX_COUNT:
+            self._fail("format", e, f"a grant to {consumers} consumers")
             return
+        rel = self.table.grant(req, now=now, consumers=consumers)
         deadline = self.table.deadline(req)
         lease = None if deadline is None else deadline - now
         if lease != o.get("lease"):
@@ -189,6 +220,10 @@ class PrefillReplay:
             self._expected.append(("release", rel))
 
     def _in_expire(self, e: Event, o: dict[str, Any]) -> None:
+        for (src, _), waiting in self.unhandled.items():
+            for recv in waiting:
+                if src in self.known:
+                    self.reaped_over.setdefault(id(recv), e)
         out = self.table.expire(now=float(o["now"]))
         self._expected += [("release", rel) for rel in out]
 
@@ -198,6 +233,17 @@ class PrefillReplay:
             self._fail("§3.1", e, f"handled a notification from {src} that no poll returned")
         else:
             self.received[(src, data)] -= 1
+            recv = self.unhandled[(src, data)].popleft()
+            reap = self.reaped_over.pop(id(recv), None)
+            if reap is not None:
+                self._fail(
+                    "A1",
+                    reap,
+                    f"expire at {reap.obj.get('now')} while a notification from {src} "
+                    f"received at {recv.path}:{recv.line} was not handled (handled at line "
+                    f"{e.line})",
+                )
+        self.known.add(src)
         try:
             msg = self._msg = wire.decode(data)
         except wire.MalformedMessage:

@@ -4,6 +4,6 @@ reference model of :class:`~leaseproto.LeaseTable` and a hypothesis
 invariant named by its spec id. Importing :mod:`leaseproto.testing.machine`
 needs hypothesis (the ``test`` extra)."""
 
-from ._model import NaiveLeaseTable
+from ..checker.naive import NaiveLeaseTable
 
 __all__ = ["NaiveLeaseTable"]

@@ -16,11 +16,11 @@ from hypothesis import note
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from ..checker.naive import NaiveLeaseTable
 from ..core import wire
 from ..core.config import LeaseConfig
 from ..core.events import LateTransfer, Release, ReleaseReason, TransferCounted
 from ..core.table import LeaseTable
-from ._model import NaiveLeaseTable
 
 __all__ = [
     "DENSE",

@@ -2,7 +2,10 @@
 
 Written plainly from the spec's prose (§6, §8.1-8.5), without the rules of
 :mod:`leaseproto.core.rules`, so that agreement with :class:`~leaseproto.LeaseTable`
-means something. Slow on purpose.
+means something. Slow on purpose. It is the oracle of two checks: the hypothesis
+machine (:mod:`leaseproto.testing.machine`) and trace validation, which replays
+each prefill rank's inputs through it (:mod:`.trace_rules`), so that a bug of the
+table is not in both the worker and its validator.
 """
 
 from __future__ import annotations
@@ -94,14 +97,25 @@ class NaiveLeaseTable:
             return self._release(req_id, ReleaseReason.TRANSFERRED, now)
         return None
 
-    def renew(self, req_ids: Iterable[str], *, now: float) -> int:
+    def renew(self, req_ids: Iterable[str], *, now: float, lost: list[str] | None = None) -> int:
+        """``lost`` receives the ids whose lease is gone for good: ended by expiry or
+        abort (remembered), or lapsed and not yet reaped (spec §8.2)."""
         n = 0
         for rid in req_ids:
             lease = self.leases.get(rid)
             if lease is None:
                 self._count("renew_late" if rid in self.ended else "renew_unknown")
+                gone = self.ended.get(rid)
+                if (
+                    lost is not None
+                    and gone is not None
+                    and gone[0] is not ReleaseReason.TRANSFERRED
+                ):
+                    lost.append(rid)
             elif now >= lease["deadline"]:
                 self._count("renew_lapsed")
+                if lost is not None:
+                    lost.append(rid)
             else:
                 target = now + self.config.lease_extension
                 if lease["cap_at"] is not None and target > lease["cap_at"]:
@@ -161,6 +175,15 @@ class NaiveLeaseTable:
     def deadline(self, req_id: str) -> float | None:
         lease = self.leases.get(req_id)
         return None if lease is None else float(lease["deadline"])
+
+    def lost_reason(self, req_id: str, *, now: float) -> ReleaseReason | None:
+        """Why no lease of ``req_id`` is held at ``now``: how it ended, EXPIRED for
+        a lapsed one, None when held or unknown."""
+        lease = self.leases.get(req_id)
+        if lease is not None:
+            return ReleaseReason.EXPIRED if lease["deadline"] <= now else None
+        gone = self.ended.get(req_id)
+        return None if gone is None else gone[0]
 
     def next_deadline(self) -> float | None:
         return min((float(x["deadline"]) for x in self.leases.values()), default=None)
