@@ -210,3 +210,27 @@ def test_the_real_code_passes_with_verdict_ok() -> None:
 def test_drift_breaks_no_assumption_of_the_gate() -> None:
     with pytest.raises(ValueError, match="A5"):
         SCOPES["drift"].with_(d_rate=0.3)  # below (1 - rho) / (1 + rho) = 1/3
+
+
+def test_check_as_typed_explores_each_scope_to_its_own_bound(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``leaseproto check --scope faults`` stopped at a default of 200,000 states
+    (the scope has 907,910): the CLI now keeps each scope's own bound, above its
+    state count for every scope but ``large``; ``--max-states`` still overrides."""
+    from leaseproto.checker.explore import Result
+    from leaseproto.cli import check_cmd, main
+
+    seen: list[int] = []
+
+    def fake(scope: Any) -> Result:
+        seen.append(scope.max_states)
+        return Result(scope)
+
+    monkeypatch.setattr(check_cmd, "check", fake)
+    assert main(["check", "--scope", "faults"]) == 0
+    assert main(["check", "--scope", "faults", "--max-states", "10"]) == 0
+    assert seen == [3_000_000, 10]
+    for name, states in {"faults": 907_910, "ranks": 613_540, "two": 1_853_392}.items():
+        assert SCOPES[name].max_states > states  # the README's exhaustive counts
+    assert SCOPES["schedule"].max_states > 1_495_574

@@ -131,3 +131,34 @@ def test_the_report_reads_a_rerun_of_one_layer_alone(
     assert "killed by tests + checker + proofs: 1 of 2" in text
     assert "unit tests alone: 1 (50.0%)" in text and "checker: 0 (0.0%)" in text
     assert f"NOT KILLED\n    {missed.key}" in text
+
+
+def test_the_report_counts_kills_by_kind(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A checker kill by a crash, a misuse or a timeout is not wrong behaviour: the
+    report counts each kind apart, and gives checker + proofs by behaviour alone
+    (rows written before kinds were recorded are read from their ``first`` line)."""
+    import mutation_layers
+    import mutation_run
+
+    ms = mutants.mutants(1.0, modules=("errors.py",))[:4]
+    checker = [
+        {"killed": True, "kind": "behaviour", "first": "small: I4: x"},
+        {"killed": True, "first": "small: misuse: LocalProtocolError: y"},  # legacy
+        {"killed": True, "first": "KeyError: 'released_expired'"},  # legacy crash
+        {"killed": True, "kind": "timeout", "first": "timeout (10 s): small"},
+    ]
+    rows = [
+        {"key": m.key, "where": "w", "what": "x", "tests": {"killed": False}, "checker": c}
+        for m, c in zip(ms, checker, strict=True)
+    ]
+    out = tmp_path / "kinds.jsonl"
+    out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    mutation_run.report(out)
+    text = capsys.readouterr().out
+    assert "checker + proofs alone: 4 (100.0%)" in text
+    assert "by wrong behaviour (a violated invariant or a failed obligation): 1 (25.0%)" in text
+    assert "checker: 4 (100.0%): 1 behaviour, 1 misuse, 1 crash, 1 timeout" in text
+    assert mutation_layers.kind_of("checker", {"killed": False}) is None
+    assert mutation_layers.kind_of("proofs", {"killed": True, "first": ""}) == "behaviour"
