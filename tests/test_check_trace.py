@@ -18,7 +18,7 @@ from leaseproto.checker.trace import TraceError, check_files, load
 from leaseproto.cli import main
 
 P, D = "prefill-engine-r0-aaaaaa", "decode-r0-bbbbbb"
-CONFIG = LeaseConfig(3.0).as_dict()
+CONFIG = LeaseConfig(3.0, heartbeat_interval=1.0).as_dict()  # D heartbeats every 1 s
 
 
 def _header(role: str, agent: str) -> dict[str, Any]:
@@ -406,3 +406,58 @@ def test_a_read_of_an_ended_lease_used_unverified_fails(tmp_path: Path) -> None:
     assert (
         "had ended when P handled its transfer-done" in first.message and "EXPIRED" in first.message
     )
+
+
+def test_the_timing_of_a_legal_run_is_measured(tmp_path: Path) -> None:
+    report = check_files(_write(tmp_path, *legal()))
+    t = report.timing
+    assert (t.intervals, t.longest, t.tracked_expiries, t.findings) == (1, 1.0, 0, [])
+    assert t.delay == pytest.approx(0.1)  # D's heartbeats sent at x.4, handled at x.5
+    assert "timing: 1 heartbeat intervals" in report.summary()
+
+
+def _late_heartbeat(p: list[dict[str, Any]], d: list[dict[str, Any]]) -> None:
+    """D's next heartbeat naming a comes 1.6 s after the last (H = 1 s)."""
+    d.insert(_find(d, ev="read"), {"ev": "send", "t": 103.0, "to": P, "data": _hb("a"), "ok": True})
+
+
+def _expired_while_heartbeated(gap_from: float) -> Any:
+    """D heartbeats b (lost on the way) from ``gap_from`` on and after its expiry at 103."""
+
+    def edit(p: list[dict[str, Any]], d: list[dict[str, Any]]) -> None:
+        d[-1:-1] = [
+            {"ev": "send", "t": gap_from, "to": P, "data": _hb("b"), "ok": True},
+            {"ev": "send", "t": 103.2, "to": P, "data": _hb("b"), "ok": True},
+        ]
+        d.sort(key=lambda e: (e["ev"] != "header", e["ev"] == "end", e["t"]))
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    ("edit", "inv"),
+    [(_late_heartbeat, "I11"), (_expired_while_heartbeated(102.6), "I8")],
+    ids=["I11", "I8"],
+)
+def test_timing_findings_are_reported_and_fail_only_when_asked(
+    tmp_path: Path, edit: Any, inv: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    p, d = copy.deepcopy(legal())
+    edit(p, d)
+    files = _write(tmp_path, p, d)
+    report = check_files(files)
+    assert report.ok, [str(v) for v in report.violations]
+    assert [v.invariant for v in report.timing.findings] == [inv], report.timing
+    strict = check_files(files, timing=True)
+    assert [v.invariant for v in strict.violations] == [inv]
+    assert main(["check-trace", *map(str, files)]) == 0
+    assert main(["check-trace", "--timing", *map(str, files)]) == 1
+    assert f": {inv}: " in capsys.readouterr().out
+
+
+def test_an_expiry_after_a_gap_that_breaks_T2_is_explained(tmp_path: Path) -> None:
+    p, d = copy.deepcopy(legal())
+    _expired_while_heartbeated(100.9)(p, d)  # 2.3 s without a heartbeat naming b, E = 2 s
+    t = check_files(_write(tmp_path, p, d), timing=True).timing
+    assert (t.tracked_expiries, t.explained) == (1, 1)
+    assert [v.invariant for v in t.findings] == ["I11"]  # the gap itself breaks D's schedule

@@ -40,6 +40,7 @@ from ..core.errors import LeaseProtocolError
 from ..core.rules import GRANTED
 from ..core.state import LeaseState
 from .trace_rules import Event, PrefillReplay, Violation
+from .trace_timing import DEFAULT_SLACK, Timing, check_timing
 
 __all__ = ["Report", "TraceError", "TraceFile", "check_files", "check_traces", "load"]
 
@@ -86,6 +87,8 @@ class Report:
     cut: int = 0
     seconds: float = 0.0
     violations: list[Violation] = field(default_factory=list)
+    #: I8 and I11 (:mod:`.trace_timing`): violations only with ``timing=True``
+    timing: Timing = field(default_factory=Timing)
 
     @property
     def ok(self) -> bool:
@@ -104,7 +107,7 @@ class Report:
             f"({self.cut} cut short), {self.leases} leases granted, {self.releases} released, "
             f"{self.matched} notifications matched to their sends ({self.external} from "
             f"untraced agents), {self.uses} reads used, no bidirectional reads (I9: the "
-            f"workers make none); {self.seconds:.3f} s"
+            f"workers make none); {self.seconds:.3f} s\n{self.timing.summary()}"
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -121,6 +124,7 @@ class Report:
             "uses": self.uses,
             # the trace format has no bidirectional read: the workers make none (I9)
             "bidirectional_reads": 0,
+            "timing": self.timing.as_dict(),
             "seconds": self.seconds,
             "violations": len(self.violations),
             "first": None if first is None else str(first),
@@ -307,8 +311,12 @@ def _decode(
                     )
 
 
-def check_traces(traces: list[TraceFile]) -> Report:
-    """Check the traces of one run (see the module's docstring).
+def check_traces(
+    traces: list[TraceFile], *, timing: bool = False, slack: float = DEFAULT_SLACK
+) -> Report:
+    """Check the traces of one run (see the module's docstring); I8 and I11
+    (:mod:`.trace_timing`, with ``slack``) are reported, and are violations only
+    with ``timing``.
 
     Raises:
         TraceError: an event lacks a field its kind has.
@@ -337,18 +345,23 @@ def check_traces(traces: list[TraceFile]) -> Report:
         if tf.role == "decode":
             _decode(tf, by_agent, replays, report)
     _network(traces, report)
+    report.timing = check_timing(traces, slack=slack)
+    if timing:
+        report.violations += report.timing.findings
     report.seconds = time.perf_counter() - start
     return report
 
 
-def check_files(paths: Iterable[str | Path]) -> Report:
-    """Load and check the traces at ``paths``.
+def check_files(
+    paths: Iterable[str | Path], *, timing: bool = False, slack: float = DEFAULT_SLACK
+) -> Report:
+    """Load and check the traces at ``paths`` (``timing``, ``slack``: :func:`check_traces`).
 
     Raises:
         OSError: a file cannot be read.
         TraceError: a file is not a trace.
     """
     start = time.perf_counter()
-    report = check_traces([load(p) for p in paths])
+    report = check_traces([load(p) for p in paths], timing=timing, slack=slack)
     report.seconds = time.perf_counter() - start
     return report

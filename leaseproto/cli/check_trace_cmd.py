@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from ..checker.trace import TraceError, check_files
+from ..checker.trace_timing import DEFAULT_SLACK
 from ._errors import fail
 
 __all__ = ["register"]
@@ -26,12 +27,24 @@ def register(sub: Any) -> None:
     p.add_argument("files", metavar="FILE", nargs="+", help="a worker's trace")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.add_argument("--all", action="store_true", help="print every violation, not only the first")
+    p.add_argument(
+        "--timing",
+        action="store_true",
+        help="count I8 and I11 findings as violations (they need spec §5's timing "
+        "assumptions, which a paused or overloaded worker breaks; reported either way)",
+    )
+    p.add_argument(
+        "--slack",
+        type=float,
+        default=DEFAULT_SLACK,
+        help=f"seconds of slack for I8 and I11 (default {DEFAULT_SLACK})",
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        report = check_files(args.files)
+        report = check_files(args.files, timing=args.timing, slack=args.slack)
     except OSError as exc:
         return fail("check-trace", f"cannot read {exc.filename}: {exc.strerror or exc}")
     except TraceError as exc:
