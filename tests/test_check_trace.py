@@ -461,3 +461,71 @@ def test_an_expiry_after_a_gap_that_breaks_T2_is_explained(tmp_path: Path) -> No
     t = check_files(_write(tmp_path, p, d), timing=True).timing
     assert (t.tracked_expiries, t.explained) == (1, 1)
     assert [v.invariant for v in t.findings] == ["I11"]  # the gap itself breaks D's schedule
+
+
+P1 = "prefill-engine-r1-cccccc"
+
+
+def _two_p_ranks() -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """Heterogeneous TP: P of TP 2 (ranks P and P1), D of TP 1 reading a from both;
+    P1 grants a, counts D's transfer-done and answers OK; D uses a after both OKs."""
+    p, d = legal()
+    p1 = [
+        {**_header("prefill", P1), "rank": 1, "tp": 2},
+        {"ev": "grant", "t": 100.0, "now": 100.0, "req": "a", "consumers": 1, "blocks": 2},
+        {"ev": "recv", "t": 102.0, "src": D, "data": "a:1"},
+        {"ev": "handle", "t": 102.0, "now": 102.0, "src": D, "data": "a:1"},
+        {
+            "ev": "release",
+            "t": 102.0,
+            "req": "a",
+            "reason": "transferred",
+            "at": 102.0,
+            "granted_at": 100.0,
+            "deadline": 103.0,
+            "last_renewal": None,
+            "blocks": 2,
+        },
+        {"ev": "end", "t": 104.0},
+    ]
+    p1[1]["lease"] = 3.0
+    i = _find(d, ev="read")
+    d.insert(i + 1, {"ev": "read", "t": 101.9, "to": P1, "data": "a:1"})
+    d[_find(d, ev="use")]["ok_from"] = [P, P1]
+    return p, p1, d
+
+
+def _write3(tmp_path: Path, p: Any, p1: Any, d: Any) -> list[Path]:
+    files = _write(tmp_path, p, d)
+    path = tmp_path / "prefill-1.trace.jsonl"
+    path.write_text("".join(json.dumps(e) + "\n" for e in p1))
+    return [*files, path]
+
+
+def test_d_uses_a_read_only_after_the_verdict_of_every_p_rank(tmp_path: Path) -> None:
+    p, p1, d = _two_p_ranks()
+    # P1 never answered (it gives no verdict before D's capability heartbeat): D used the
+    # read waiting only for P's OK, though its own use event says it waited for P1's
+    report = check_files(_write3(tmp_path, p, p1, d))
+    first = report.first()
+    assert first is not None and first.invariant == "I13", [str(v) for v in report.violations]
+    assert f"before OK from {P1}" in first.message
+    # ... and claiming only P's OK does not hide it: P1 gives verdicts and was read from
+    d[_find(d, ev="use")]["ok_from"] = [P]
+    first = check_files(_write3(tmp_path, p, p1, d)).first()
+    assert first is not None and first.invariant == "I13", first
+    assert f"from {P1}, which gives verdicts, without waiting for its OK" in first.message
+    # D announces it reads verdicts to P1 too, P1 answers OK, D waits for it: legal
+    cap = "HB:leaseproto/1"
+    p1[2:2] = [
+        {"ev": "recv", "t": 100.5, "src": D, "data": cap},
+        {"ev": "handle", "t": 100.5, "now": 100.5, "src": D, "data": cap},
+        {"ev": "send", "t": 100.5, "to": D, "data": "OK:leaseproto/1", "ok": True},
+    ]
+    p1.insert(_find(p1, ev="end"), {"ev": "send", "t": 102.0, "to": D, "data": "OK:a", "ok": True})
+    d[2:2] = [{"ev": "send", "t": 100.4, "to": P1, "data": cap, "ok": True}]
+    d.insert(_find(d, ev="use"), {"ev": "recv", "t": 102.1, "src": P1, "data": "OK:a"})
+    d[_find(d, ev="use")]["ok_from"] = [P, P1]
+    report = check_files(_write3(tmp_path, p, p1, d))
+    assert report.ok, [str(v) for v in report.violations]
+    assert report.uses == 1 and report.leases == 3
