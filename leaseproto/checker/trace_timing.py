@@ -21,16 +21,28 @@ same boot id).
 from __future__ import annotations
 
 from collections import defaultdict, deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..core import wire
 from ..core.config import LeaseConfig
 from ..core.errors import LeaseProtocolError
 from .trace_rules import Event, Violation
 
-if TYPE_CHECKING:
-    from .trace import TraceFile
+
+class TraceFile(Protocol):
+    """What these checks read of a :class:`.trace.TraceFile` (not imported: it imports us)."""
+
+    @property
+    def agent(self) -> str: ...
+    @property
+    def role(self) -> str: ...
+    @property
+    def header(self) -> dict[str, Any]: ...
+    @property
+    def events(self) -> list[Event]: ...
+
 
 __all__ = ["DEFAULT_SLACK", "Timing", "check_timing"]
 
@@ -97,7 +109,7 @@ def _same_clock(a: TraceFile, b: TraceFile) -> bool:
     return boot is not None and boot == b.header.get("boot")
 
 
-def check_timing(traces: list[TraceFile], *, slack: float = DEFAULT_SLACK) -> Timing:
+def check_timing(traces: Sequence[TraceFile], *, slack: float = DEFAULT_SLACK) -> Timing:
     """I8 and I11 over the traces of one run (see the module's docstring)."""
     out = Timing(slack=slack)
     by_agent = {tf.agent: tf for tf in traces}
