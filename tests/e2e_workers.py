@@ -14,7 +14,11 @@ from __future__ import annotations
 
 import importlib
 import random
+import re
+import secrets
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -29,10 +33,23 @@ except ImportError as exc:  # pragma: no cover - CI installs NIXL
 from polling import wait_for  # noqa: E402
 
 from leaseproto import LeaseConfig  # noqa: E402
+from leaseproto.adapters.nixl import NixlEndpoint, free_port  # noqa: E402
 from leaseproto.workers.backend import reference_tokens  # noqa: E402
 from leaseproto.workers.cluster import Cluster, ClusterSpec  # noqa: E402
 
-__all__ = ["LEASE", "Cluster", "ClusterSpec", "prompts", "reference", "spec", "wait_for"]
+__all__ = [
+    "LEASE",
+    "Cluster",
+    "ClusterSpec",
+    "heartbeat_dead_ds_leases",
+    "injector",
+    "live_lease_ids",
+    "prompts",
+    "reference",
+    "spec",
+    "submit_until_waiting",
+    "wait_for",
+]
 
 LEASE = 3.0
 HEARTBEAT = LeaseConfig(LEASE).heartbeat_interval
@@ -93,3 +110,83 @@ def p_settled(cluster: Cluster) -> list[dict[str, Any]]:
         check, "every P block free", timeout=LEASE + EXTENSION + 5.0
     )
     return settled
+
+
+@contextmanager
+def injector(cluster: Cluster, tag: str = "inject") -> Iterator[NixlEndpoint]:
+    """A third NIXL agent that exchanged metadata with P rank 0 (fetched P's,
+    pushed its own: a known peer to P), once P admits its notifications."""
+    p = cluster.prefill[0].info
+    # it runs no loop: NIXL's progress thread moves its sends
+    ep = NixlEndpoint(f"{tag}-{secrets.token_hex(3)}", port=free_port(), progress_thread=True)
+    try:
+        ep.connect(p["agent"], "127.0.0.1", p["nixl_port"])
+        wait_for(lambda: ep.is_connected(p["agent"]), "the injector's handshake")
+        until_p_admits(cluster, ep)
+        yield ep
+    finally:
+        ep.close()
+
+
+def until_p_admits(cluster: Cluster, ep: NixlEndpoint, timeout: float = 30.0) -> None:
+    """Wait until P treats ``ep`` as a peer: P holds notifications from an agent
+    whose metadata has not reached it yet (at most 256, for 1 s) and counts the
+    rest as ``unknown_sender``, so a flood sent before that would be counted
+    there, not where a test looks. A probe heartbeat naming no lease is
+    counted as received only once P has admitted it."""
+    p = cluster.prefill[0]
+    agent = p.info["agent"]
+    deadline = time.monotonic() + timeout
+    while True:
+        seen = cluster.stats(p)["heartbeats_received"]
+        assert ep.send(agent, f"HB:probe-{secrets.token_hex(4)}".encode())
+        end = min(deadline, time.monotonic() + 2.0)
+        while time.monotonic() < end:
+            if cluster.stats(p)["heartbeats_received"] > seen:
+                return
+            time.sleep(0.02)
+        if time.monotonic() >= deadline:
+            pytest.fail(f"P never admitted a notification from {ep.name} in {timeout:g} s")
+
+
+def live_lease_ids(cluster: Cluster) -> list[str]:
+    """The ids of P rank 0's live leases, from its log."""
+    text = cluster.prefill[0].log_path.read_text()
+    granted = set(re.findall(r"granted req (\S+) a ", text))
+    released = set(re.findall(r"released \d+ blocks of req (\S+):", text))
+    return sorted(granted - released)
+
+
+def heartbeat_dead_ds_leases(
+    cluster: Cluster, send: Callable[[bytes], object], killed: float, *, grace: float = 0.0
+) -> tuple[list[str], float | None]:
+    """Forge heartbeats (``send(payload)``, every 0.2 s) naming P rank 0's live
+    leases after D was killed at ``killed``, until P holds none or E + H (+2 s
+    for P's loop and this poll, + ``grace``) have passed since; the ids and when
+    P held none (None: it still held some)."""
+    live = live_lease_ids(cluster)
+    assert live, "no live lease to keep"
+    payload = ("HB:" + ",".join(live)).encode()
+    deadline = killed + EXTENSION + HEARTBEAT + 2.0 + grace
+    while time.monotonic() < deadline:
+        send(payload)
+        if cluster.stats(cluster.prefill[0])["leases_live"] == 0:
+            return live, time.monotonic()
+        time.sleep(0.2)
+    return live, None
+
+
+def submit_until_waiting(client: Any, cluster: Cluster, tag: str, n: int, tokens: int) -> Any:
+    """Submit ``n`` prompts as ``<tag><i>`` and wait until at least three wait
+    on D under live leases (the tests' D decodes one at a time); the prompts."""
+    batch = prompts(n, seed=hash(tag) % 1000)
+    for i, p in enumerate(batch):
+        client.submit(f"{tag}{i}", p, tokens)
+    wait_for(
+        lambda: (
+            cluster.stats(cluster.decode[0])["waiting"] >= 3
+            and cluster.stats(cluster.prefill[0])["leases_live"] >= 3
+        ),
+        "requests waiting on D under live leases",
+    )
+    return batch

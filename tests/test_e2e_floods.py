@@ -10,7 +10,6 @@ so only D's heartbeats keep their blocks while the flood goes on.
 
 from __future__ import annotations
 
-import re
 import secrets
 import time
 from collections.abc import Iterator
@@ -19,14 +18,16 @@ from typing import Any
 import pytest
 from e2e_workers import (
     EXTENSION,
-    HEARTBEAT,
     LEASE,
     Cluster,
+    heartbeat_dead_ds_leases,
     prompts,
     reference,
     spec,
+    submit_until_waiting,
     wait_for,
 )
+from e2e_workers import injector as make_injector
 
 from leaseproto.adapters.nixl import NixlEndpoint, free_port, load_nixl
 
@@ -45,37 +46,8 @@ def cluster() -> Iterator[Cluster]:
 @pytest.fixture
 def injector(cluster: Cluster) -> Iterator[NixlEndpoint]:
     """A third NIXL agent that exchanged metadata with P (a known peer)."""
-    p = cluster.prefill[0].info
-    # it runs no loop: NIXL's progress thread moves its sends
-    ep = NixlEndpoint(f"flood-{secrets.token_hex(3)}", port=free_port(), progress_thread=True)
-    try:
-        ep.connect(p["agent"], "127.0.0.1", p["nixl_port"])
-        wait_for(lambda: ep.is_connected(p["agent"]), "the injector's handshake")
-        _until_p_admits(cluster, ep)
+    with make_injector(cluster, "flood") as ep:
         yield ep
-    finally:
-        ep.close()
-
-
-def _until_p_admits(cluster: Cluster, ep: NixlEndpoint, timeout: float = 30.0) -> None:
-    """Wait until P treats ``ep`` as a peer: P holds notifications from an agent
-    whose metadata has not reached it yet (at most 256, for 1 s) and counts the
-    rest as ``unknown_sender``, so a flood sent before that would be counted
-    there, not where a test looks. A probe heartbeat naming no lease is
-    counted as received only once P has admitted it."""
-    p = cluster.prefill[0]
-    agent = p.info["agent"]
-    deadline = time.monotonic() + timeout
-    while True:
-        seen = cluster.stats(p)["heartbeats_received"]
-        assert ep.send(agent, f"HB:probe-{secrets.token_hex(4)}".encode())
-        end = min(deadline, time.monotonic() + 2.0)
-        while time.monotonic() < end:
-            if cluster.stats(p)["heartbeats_received"] > seen:
-                return
-            time.sleep(0.02)
-        if time.monotonic() >= deadline:
-            pytest.fail(f"P never admitted a notification from {ep.name} in {timeout:g} s")
 
 
 def _big_heartbeat(size: int, salt: str) -> bytes:
@@ -90,18 +62,9 @@ def _flood_while_waiting(
     """Submit ``n`` requests; once they wait on D under heartbeats, call
     ``send()``; the answers and P's stats before and after."""
     before = cluster.stats(cluster.prefill[0])
-    batch = prompts(n, seed=hash(tag) % 1000)
     client = cluster.client()
     try:
-        for i, p in enumerate(batch):
-            client.submit(f"{tag}{i}", p, TOKENS)
-        wait_for(
-            lambda: (
-                cluster.stats(cluster.decode[0])["waiting"] >= 3
-                and cluster.stats(cluster.prefill[0])["leases_live"] >= 3
-            ),
-            "requests waiting on D under live leases",
-        )
+        batch = submit_until_waiting(client, cluster, tag, n, TOKENS)
         send()
         results = client.wait_all(deadline=time.monotonic() + 60.0)
     finally:
@@ -211,19 +174,8 @@ def test_a_stranger_cannot_keep_a_dead_ds_blocks(cluster: Cluster) -> None:
         killed = cluster.kill(cluster.decode[0])
     finally:
         client.close()
-    # the ids of P's live leases, from P's log
-    granted = set(re.findall(r"granted req (\S+) a ", p.log_path.read_text()))
-    released = set(re.findall(r"released \d+ blocks of req (\S+):", p.log_path.read_text()))
-    live = sorted(granted - released)
-    assert live, "no live lease to attack"
-    payload = ("HB:" + ",".join(live)).encode()
-    deadline = killed + EXTENSION + HEARTBEAT + 2.0
-    freed = None
-    while time.monotonic() < deadline:
-        stranger.send_notif(p.info["agent"], payload)
-        if cluster.stats(p)["leases_live"] == 0:
-            freed = time.monotonic()
-            break
-        time.sleep(0.2)
+    _, freed = heartbeat_dead_ds_leases(
+        cluster, lambda hb: stranger.send_notif(p.info["agent"], hb), killed
+    )
     assert freed is not None, "a stranger's heartbeats kept a dead D's blocks"
     assert cluster.stats(p)["unknown_sender"] > before["unknown_sender"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+from collections import OrderedDict
 from typing import Any
 
 import pytest
@@ -24,6 +25,7 @@ from leaseproto.core import rules as R
 from leaseproto.core.errors import LocalProtocolError
 from leaseproto.core.events import Release, ReleaseReason, make_releases
 from leaseproto.testing import NaiveLeaseTable
+from leaseproto.workers.prefill_binding import ReaderBinding
 from leaseproto.workers.prefill_leases import PrefillLeases
 
 GRANTED = [f"req-{i:03d}" for i in range(6)]
@@ -202,6 +204,14 @@ class _Metrics:
     def __init__(self) -> None:
         self.heartbeats, self.heartbeat_ids = _Counter(), _Counter()
         self.nacks, self.malformed = _Counter(), _Counter()
+        self.refused: dict[str, _Counter] = {}
+
+    def labels(self, kind: str) -> _Counter:  # acts_refused, by kind
+        return self.refused.setdefault(kind, _Counter())
+
+    @property
+    def acts_refused(self) -> _Metrics:
+        return self
 
     def observe_release(self, rel: object) -> None:
         pass
@@ -223,6 +233,8 @@ def _worker(fused: bool) -> PrefillLeases:
     w.metrics = _Metrics()  # type: ignore[assignment]
     w.drops = _Drops()  # type: ignore[assignment]
     w.blocks = {}
+    w.binding = ReaderBinding()
+    w.forgotten_readers = OrderedDict()
     w.verdict_readers = set()
     w.verdicts_sent = dict.fromkeys(("ok", "nk", "ll", "hello"), 0)
     w.nacks_sent = w.heartbeats_received = w.malformed = 0
@@ -241,7 +253,10 @@ def _state(w: PrefillLeases) -> Any:
         w.drops.dropped,  # type: ignore[attr-defined]
         (w.heartbeats_received, w.malformed, w.nacks_sent, w.verdicts_sent),
         (m.heartbeats.n, m.heartbeat_ids.n, m.nacks.n, m.malformed.n),
+        {k: c.n for k, c in m.refused.items()},
         w.verdict_readers,
+        w.binding.refused,
+        {rid: w.binding.bound(rid) for rid in GRANTED},
     )
 
 
@@ -256,19 +271,26 @@ def _state(w: PrefillLeases) -> Any:
         max_size=8,
     ),
     st.booleans(),
+    st.lists(st.sampled_from(["d1", "d2", "x"]), min_size=8, max_size=8),
 )
-def test_the_worker_answers_alike_with_the_fused_path(payloads: list[bytes], debug: bool) -> None:
+def test_the_worker_answers_alike_with_the_fused_path(
+    payloads: list[bytes], debug: bool, senders: list[str]
+) -> None:
+    """Also for the binding (spec §10.2): req-000 is named to d1 and d2 (one
+    engine), the rest bind on first use; "x" is a third agent."""
     fast, slow = _worker(True), _worker(False)
     for w in (fast, slow):
         for k, rid in enumerate(GRANTED):
             w.table.grant(rid, now=float(k))
+            w.blocks[rid] = []
+        w.binding.name(GRANTED[0], ["d1", "d2"])
     log = logging.getLogger("leaseproto.prefill")
     level = log.level
     log.setLevel(logging.DEBUG if debug else logging.WARNING)  # the DEBUG lines read the table
     try:
         for k, payload in enumerate(payloads):
             for w in (fast, slow):
-                w._notification("d1", payload, 6.0 + 10.0 * k)
+                w._notification(senders[k], payload, 6.0 + 10.0 * k)
     finally:
         log.setLevel(level)
     assert _state(fast) == _state(slow)

@@ -13,11 +13,12 @@ Interface (stable; the workers are built on it)::
     free_port(host="127.0.0.1") -> int              # bind port 0, close, return it
     XferDescs(mem_type: str, descs: tuple[tuple[int, int, int], ...])  # (addr, nbytes, dev)
     NixlEndpoint(name, *, host="127.0.0.1", port, connect_timeout=10.0, connect_retry=0.25,
-                 progress_thread=False)
+                 progress_thread=False, accept_pushed=True, repush_idle=None)
       .name, .host, .port, .stats: EndpointStats
       .register(tensors: Sequence[torch.Tensor]) -> None
-      .connect(peer, host, port) -> None            # starts the exchange, never blocks
+      .connect(peer, host, port, *, probe=None) -> None  # starts the exchange, never blocks
       .is_connected(peer) -> bool
+      .forget(peer) -> None                         # drop its metadata and our record
       .connection_state(peer) -> "unknown"|"connecting"|"connected"|"failed"|"lost"
       .send(peer, payload: bytes) -> bool           # False on any transport failure
       .peer_lost(peer) -> bool
@@ -44,6 +45,30 @@ and notifications a ``send`` progressed in are kept, in order, for the next
 that hit a dead peer. The engine loop must poll: a READ from our memory
 progresses on our side only when the loop turns (our workers poll every step
 and every few milliseconds when idle).
+
+Names bound to addresses. NIXL loads whatever metadata reaches its
+listener, under the name the sender chose, and refuses a later load under a
+name already taken (``NIXL_ERR_NOT_ALLOWED``, only logged): a third agent
+that pushes metadata under P's agent name before D fetches P's would get
+D's notifications. An endpoint made with ``accept_pushed=False`` (our
+decode ranks: they only ever talk to agents they fetched from) therefore
+removes metadata pushed under a name it never connected to (counted
+``pushes_refused``; :meth:`~NixlEndpoint.connection_state` reads
+``"unknown"``), also at :meth:`~NixlEndpoint.connect` before it fetches; and
+a ``probe`` given to ``connect`` (descriptors of memory the peer said it
+serves, from the transfer parameters) makes the peer ``"connected"`` only
+once the metadata loaded under its name covers them: other metadata under
+that name is removed and fetched again from the address (counted
+``names_refetched``) until ``connect_timeout``, then the peer is
+``"failed"``. Nothing is sent to a peer before it is ``"connected"``.
+
+A peer may forget us (P forgets decoders that fell silent, removing their
+metadata) and nothing tells us: our sends still succeed, and it drops them
+as a stranger's. With ``repush_idle`` set, a send or READ to a peer we
+connected to that follows at least ``repush_idle`` seconds without one
+pushes our metadata to it again first (counted ``repushes``): a peer that
+forgot us knows us again before the notification arrives (P holds a
+notification from a sender whose metadata is on its way for a second).
 
 Not thread-safe: call it from the engine loop only (NIXL's own listener
 thread, and the progress thread when asked for, are internal to the agent).
@@ -97,6 +122,10 @@ class _Peer:
     last_try: float
     delay: float
     reason: str = ""
+    #: memory the peer said it serves: connected only once its metadata covers it
+    probe: XferDescs | None = None
+    #: when we last sent it a notification or started a READ (or pushed metadata)
+    last_sent: float = 0.0
 
 
 class NixlEndpoint(EndpointReads):
@@ -112,6 +141,8 @@ class NixlEndpoint(EndpointReads):
         connect_timeout: float = 10.0,
         connect_retry: float = 0.25,
         progress_thread: bool = False,
+        accept_pushed: bool = True,
+        repush_idle: float | None = None,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError("endpoint name must be a non-empty str")
@@ -147,6 +178,11 @@ class NixlEndpoint(EndpointReads):
         self._lost: list[tuple[str, str]] = []
         self._registered: list[Any] = []
         self.progress_thread = bool(progress_thread)
+        #: whether metadata a peer pushed without our connect() makes it a peer
+        self.accept_pushed = bool(accept_pushed)
+        if repush_idle is not None and not repush_idle > 0:
+            raise ValueError("repush_idle must be > 0 (or None)")
+        self.repush_idle = repush_idle
         #: notifications a send() progressed in, for the next poll()
         self._early: list[tuple[str, bytes]] = []
 
@@ -166,11 +202,13 @@ class NixlEndpoint(EndpointReads):
 
     # -- connections ----------------------------------------------------------
 
-    def connect(self, peer: str, host: str, port: int) -> None:
+    def connect(self, peer: str, host: str, port: int, *, probe: XferDescs | None = None) -> None:
         """Start exchanging metadata with ``peer`` (its agent name) listening
         on ``host:port``; returns at once. Poll :meth:`is_connected`. Calling
         it for a connected peer at the same address does nothing; for a lost
-        or failed one (or a new address) it starts over."""
+        or failed one (or a new address) it starts over. ``probe``: memory the
+        peer serves; the peer is connected only once its metadata covers it
+        (see the module notes)."""
         agent = self._live()
         if not isinstance(peer, str) or not peer or peer == self.name:
             raise ValueError(f"bad peer name {peer!r}")
@@ -184,12 +222,14 @@ class NixlEndpoint(EndpointReads):
             return
         if rec is not None and agent.check_remote_metadata(peer):
             # lost, failed or moved: drop what we hold (and its UCX endpoints).
-            # Metadata a peer pushed to us without our connect() is kept: the
-            # peer may be reading from us right now.
-            try:
-                agent.remove_remote_agent(peer)
-            except Exception as exc:
-                self.stats.last_error = describe(exc)
+            self._remove(peer)
+        elif rec is None and not self.accept_pushed and agent.check_remote_metadata(peer):
+            # pushed under this name by someone we never fetched from: it would
+            # take the name from the real peer (NIXL refuses a second load)
+            self.stats.pushes_refused += 1
+            self._remove(peer)
+        # (with accept_pushed, metadata a peer pushed to us without our
+        # connect() is kept: the peer may be reading from us right now)
         now = time.monotonic()
         rec = _Peer(
             host=host,
@@ -198,10 +238,21 @@ class NixlEndpoint(EndpointReads):
             started=now,
             last_try=now,
             delay=self.connect_retry,
+            probe=probe,
+            last_sent=now,
         )
         self._peers[peer] = rec
         self.stats.connects += 1
         self._fetch(peer, rec)
+
+    def forget(self, peer: str) -> None:
+        """Drop ``peer``: its metadata (and UCX endpoints) and our record of it.
+        It becomes ``"unknown"``; a peer that comes back must connect again."""
+        agent = self._live()
+        self._peers.pop(peer, None)
+        if agent.check_remote_metadata(peer):
+            self._remove(peer)
+        self.stats.forgotten += 1
 
     def connection_state(self, peer: str) -> ConnState:
         """Where ``peer`` stands. A peer that connected to *us* (we hold its
@@ -209,7 +260,13 @@ class NixlEndpoint(EndpointReads):
         agent = self._live()
         rec = self._peers.get(peer)
         if rec is None:
-            return "connected" if agent.check_remote_metadata(peer) else "unknown"
+            if not agent.check_remote_metadata(peer):
+                return "unknown"
+            if self.accept_pushed:
+                return "connected"
+            self.stats.pushes_refused += 1  # pushed under a name we never fetched
+            self._remove(peer)
+            return "unknown"
         self._progress(peer, rec, time.monotonic())
         return rec.state
 
@@ -242,6 +299,7 @@ class NixlEndpoint(EndpointReads):
             if rec.state != "connected":
                 self.stats.send_failed += 1
                 return False
+            self._repush_if_idle(peer)
         if not self.progress_thread:
             self._early.extend(self._drain())  # lets UCX notice a dead peer first
         try:
@@ -318,10 +376,37 @@ class NixlEndpoint(EndpointReads):
         except Exception as exc:
             self.stats.last_error = f"pushing metadata to {peer}: {describe(exc)}"
 
+    def _repush_if_idle(self, peer: str) -> None:
+        """Push our metadata to a peer we connected to again when nothing went
+        to it for ``repush_idle`` seconds (it may have forgotten us)."""
+        rec = self._peers.get(peer)
+        if rec is None or self.repush_idle is None or not rec.host:
+            return
+        now = time.monotonic()
+        if now - rec.last_sent >= self.repush_idle:
+            self.stats.repushes += 1
+            self._push_metadata(peer, rec)
+        rec.last_sent = now
+
+    def _remove(self, peer: str) -> None:
+        try:
+            self._agent.remove_remote_agent(peer)
+        except Exception as exc:
+            self.stats.last_error = f"removing {peer}: {describe(exc)}"
+
+    def _covers(self, peer: str, probe: XferDescs) -> bool:
+        try:
+            descs = self._agent.get_xfer_descs(list(probe.descs), probe.mem_type)
+            return bool(self._agent.check_remote_metadata(peer, descs))
+        except Exception as exc:
+            self.stats.last_error = f"checking {peer}'s metadata: {describe(exc)}"
+            return False
+
     def _progress(self, peer: str, rec: _Peer, now: float) -> None:
         if rec.state != "connecting":
             return
-        if self._agent.check_remote_metadata(peer):
+        loaded = self._agent.check_remote_metadata(peer)
+        if loaded and (rec.probe is None or self._covers(peer, rec.probe)):
             rec.state = "connected"
         elif now - rec.started >= self.connect_timeout:
             self._mark_lost(
@@ -334,6 +419,9 @@ class NixlEndpoint(EndpointReads):
             rec.last_try = now
             rec.delay = min(2.0 * rec.delay, MAX_RETRY_DELAY)
             self.stats.connect_retries += 1
+            if loaded:  # not the memory the peer serves: another's, or stale
+                self.stats.names_refetched += 1
+                self._remove(peer)
             self._fetch(peer, rec)
 
     def _progress_all(self) -> None:

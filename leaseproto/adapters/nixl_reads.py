@@ -38,6 +38,9 @@ class EndpointReads:
     def _failed(self, peer: str, exc: BaseException) -> None:
         raise NotImplementedError
 
+    def _repush_if_idle(self, peer: str) -> None:
+        raise NotImplementedError
+
     # -- transfers ------------------------------------------------------------
 
     def read(self, peer: str, local: XferDescs, remote: XferDescs, *, notif_msg: bytes) -> Transfer:
@@ -56,6 +59,7 @@ class EndpointReads:
             return Transfer(
                 peer, msg, local.nbytes, handle=None, state="ERR", error=f"peer is {state}"
             )
+        self._repush_if_idle(peer)  # its notification must reach a peer that knows us
         xfer = Transfer(peer, msg, local.nbytes, handle=None, state="PROC")
         xfer._started = time.monotonic()
         self.stats.reads_started += 1

@@ -118,6 +118,17 @@ class EndpointStats:
     reads_done: int = 0
     reads_failed: int = 0
     release_failed: int = 0
+    #: metadata pushed to us under a name we never fetched from its address,
+    #: removed (``accept_pushed=False``)
+    pushes_refused: int = 0
+    #: metadata loaded under a peer's name that does not cover the memory the
+    #: peer said it serves (a squatter's, or a snapshot from before it
+    #: registered), removed and fetched again
+    names_refetched: int = 0
+    #: peers dropped with :meth:`~leaseproto.adapters.nixl.NixlEndpoint.forget`
+    forgotten: int = 0
+    #: our metadata pushed again to a peer after ``repush_idle`` without traffic
+    repushes: int = 0
     #: the last transport error, in words (for logs)
     last_error: str = ""
 

@@ -27,6 +27,10 @@ A1 (a sender P has not handled anything from yet may be held by the sender
 gate until its metadata arrives, and is excused). A malformed event is a
 violation naming its line, not an error.
 
+A ``handle`` event's ``refused`` ids are acts the worker ignored because
+the lease is bound to other agents (§10.2, leases bound to their reader):
+the table is handed the notification without them.
+
 A trace cut short (no ``end``: the worker was killed) may lack the outputs of
 its last input; nothing else is excused.
 """
@@ -248,8 +252,13 @@ class PrefillReplay:
             msg = self._msg = wire.decode(data)
         except wire.MalformedMessage:
             return
+        refused = frozenset(str(i) for i in o.get("refused", ()))
         if isinstance(msg, wire.Heartbeat):
+            if refused:
+                msg = wire.Heartbeat(tuple(i for i in msg.ids if i not in refused))
             self._heartbeat(src, msg, now)
+        elif isinstance(msg, (wire.TransferDone, wire.Abort)) and msg.req_id in refused:
+            return  # bound to other agents: the worker ignored it
         elif isinstance(msg, wire.TransferDone):
             g = self.ghost.get(msg.req_id)
             self._verdict_state = rules.ABSENT if g is None else g.state

@@ -96,7 +96,17 @@ class KVBackend:
         )
         self.agent_name = agent_name
         self.nixl_port = opts.nixl_port or free_port(opts.host)
-        self.endpoint = NixlEndpoint(agent_name, host=opts.host, port=self.nixl_port)
+        # a decode rank talks only to agents it fetched from (names bound to
+        # addresses): metadata pushed to it under another name is refused; and
+        # it pushes its own again after a quiet spell (P forgets silent decoders)
+        decode = role == "decode"
+        self.endpoint = NixlEndpoint(
+            agent_name,
+            host=opts.host,
+            port=self.nixl_port,
+            accept_pushed=not decode,
+            repush_idle=2.0 * opts.config.heartbeat_interval if decode else None,
+        )
         self.pool.register_with(self.endpoint)  # before anyone connects
         key = getattr(opts, "cluster_key", None)
         announce(f"{role} rank {opts.rank} ({agent_name})", key)
@@ -105,10 +115,28 @@ class KVBackend:
         self._auth_drops = DropLog(logging.getLogger("leaseproto.auth"))
 
     # -- transport (the endpoint never raises transport errors) ----------------------------
-    def connect(self, agent: str, host: str, port: int, *, keyed: bool = False) -> None:
-        """``keyed``: the peer advertised our cluster key, so what we send it
-        is sealed (and waits for its answer to our greeting, :meth:`ready`)."""
-        self.endpoint.connect(agent, host, port)
+    def connect(
+        self,
+        agent: str,
+        host: str,
+        port: int,
+        *,
+        keyed: bool = False,
+        layout: dict[str, Any] | None = None,
+    ) -> None:
+        """Start the handshake with ``agent`` at ``host:port``. ``keyed``: the
+        peer advertised our cluster key, so what we send it is sealed (and
+        waits for its answer to our greeting, :meth:`ready`). ``layout``: the
+        pool layout that P rank gave in its transfer parameters; the agent is
+        connected only once the metadata loaded under its name covers that
+        pool (the metadata of whoever else took the name is dropped)."""
+        probe = None
+        if layout is not None:
+            try:
+                probe = PoolLayout.from_dict(layout).descs([0])
+            except ValueError:
+                probe = None  # read_plan refuses the request with the reason
+        self.endpoint.connect(agent, host, port, probe=probe)
         if keyed and self.auth is not None:
             self.auth.expect(agent)
 
@@ -126,6 +154,12 @@ class KVBackend:
 
     def _seal(self, agent: str, payload: bytes) -> bytes | None:
         return payload if self.auth is None else self.auth.seal(agent, payload)
+
+    def forget(self, agent: str) -> None:
+        """Drop ``agent``'s NIXL metadata and our record of it. With a cluster
+        key its connection state is kept: a decoder that comes back (it pushes
+        its metadata again) goes on sealing on the same connection."""
+        self.endpoint.forget(agent)
 
     def send(self, agent: str, payload: bytes) -> bool:
         """False when NIXL refused it, or (with a key) no connection to a

@@ -114,6 +114,8 @@ class DecodeWorker(DecodeReads, DecodeLeases, EngineLoop):
             "role": "decode",
             "tp": self.opts.tp,
             "agent": self.backend.agent_name,
+            # every rank's NIXL agent, as far as known: the router names them to P
+            "agents": [self.backend.agent_name, *self.followers.agent_names()],
             "limits": self.backend.limits(),
         }
 
@@ -208,7 +210,11 @@ class DecodeWorker(DecodeReads, DecodeLeases, EngineLoop):
             for rank in req.ranks:  # ValueError: NIXL refuses the address; nothing kept
                 # keyed: P advertised our cluster key (checked at intake), seal for it
                 self.backend.connect(
-                    rank.agent, rank.host, rank.nixl_port, keyed=rank.key_id is not None
+                    rank.agent,
+                    rank.host,
+                    rank.nixl_port,
+                    keyed=rank.key_id is not None,
+                    layout=rank.layout,
                 )
             self.engines[req.engine_id] = engine
             self.followers.connect(req.ranks)
@@ -343,6 +349,9 @@ class DecodeWorker(DecodeReads, DecodeLeases, EngineLoop):
             **self.counts,
             "oversized": self.gate.oversized,
             "unknown_sender": self.gate.unknown_sender,
+            # names bound to addresses (adapters/nixl.py)
+            "pushes_refused": self.backend.endpoint.stats.pushes_refused,
+            "names_refetched": self.backend.endpoint.stats.names_refetched,
             "tracker": stats_dict(self.tracker.stats),
             **self.backend.auth_stats(),
         }

@@ -57,6 +57,21 @@ class Followers:
         curve: CurveKeys | None = None,
     ) -> None:
         self.peers = [Peer(ctx, a, curve=curve) for a in addresses]
+        #: rank -> its NIXL agent (from its ping answer; the router names them to P)
+        self.agents: dict[int, str] = {}
+        self._pinged = -1e18
+
+    def agent_names(self) -> list[str]:
+        """The followers' NIXL agents in rank order, as far as known."""
+        return [self.agents[r] for r in self.ranks if r in self.agents]
+
+    def _ping(self) -> None:
+        now = time.monotonic()
+        if len(self.agents) < len(self.peers) and now - self._pinged >= 0.5:
+            self._pinged = now
+            for rank, peer in zip(self.ranks, self.peers, strict=True):
+                if rank not in self.agents:
+                    peer.send({"op": "ping"})
 
     @property
     def ranks(self) -> range:
@@ -85,9 +100,13 @@ class Followers:
     def poll(self) -> list[tuple[int, Msg | None]]:
         """Answers from the followers as ``(rank, message)``; ``None`` for a
         follower whose connection dropped."""
+        self._ping()
         out: list[tuple[int, Msg | None]] = []
         for rank, peer in zip(self.ranks, self.peers, strict=True):
             while (msg := peer.recv()) is not None:
+                if msg.get("op") == "pong" and isinstance(msg.get("agent"), str):
+                    self.agents[rank] = msg["agent"]
+                    continue
                 out.append((rank, msg))
             if peer.disconnected():
                 out.append((rank, None))
@@ -154,7 +173,12 @@ class DecodeFollower(EngineLoop):
         }
 
     def pong(self) -> Msg:
-        return {"role": "decode", "rank": self.opts.rank, "tp": self.opts.tp}
+        return {
+            "role": "decode",
+            "rank": self.opts.rank,
+            "tp": self.opts.tp,
+            "agent": self.backend.agent_name,
+        }
 
     def stats(self) -> Msg:
         return {
@@ -178,7 +202,11 @@ class DecodeFollower(EngineLoop):
                 for r in msg.get("ranks", []):
                     rank = parse(r, RankParams)
                     self.backend.connect(
-                        rank.agent, rank.host, rank.nixl_port, keyed=rank.key_id is not None
+                        rank.agent,
+                        rank.host,
+                        rank.nixl_port,
+                        keyed=rank.key_id is not None,
+                        layout=rank.layout,
                     )
                     if rank.verdicts and self.opts.policy == "lease" and self.opts.verify_reads:
                         self.verified_agents.add(rank.agent)

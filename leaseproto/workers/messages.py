@@ -52,6 +52,9 @@ class Prefill(msgspec.Struct, kw_only=True):
     req_id: Text
     prompt: TokenIds
     d_tp: Positive = 1
+    #: the NIXL agents of every rank of the decode engine that will read it, when
+    #: the router knows them: P binds the lease to exactly these (spec §10.2)
+    readers: Annotated[list[Text], msgspec.Meta(max_length=1024)] | None = None
 
 
 class Abort(msgspec.Struct, kw_only=True):

@@ -265,6 +265,15 @@ class PrefillMetrics(WorkerMetrics):
         self.heartbeat_ids = c("heartbeat_ids_received", "Request ids named by heartbeats")
         self.nacks = c("nacks_sent", "NACKs sent to a reader after a late transfer-done")
         self.prefills = c("prefills", "Prompts prefilled")
+        self.acts_refused = self._counters(
+            "acts_refused",
+            "Heartbeat ids, transfer-dones and aborts from an agent the lease is not bound to",
+            "kind",
+            ("heartbeat", "transfer_done", "abort"),
+        )
+        self.agents_forgotten = c(
+            "agents_forgotten", "Silent decoder agents whose NIXL metadata P removed"
+        )
         self.blocks_held = self._gauge("blocks_held", "KV blocks held under a live lease")
         self.blocks_free = self._gauge("blocks_free", "Free KV blocks in the pool")
         self.reclaim = self._histogram(

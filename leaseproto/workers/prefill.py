@@ -21,7 +21,7 @@ import logging
 import math
 import secrets
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +37,7 @@ from .messages import Abort, Prefill, parse
 from .metrics import PrefillMetrics, stats_dict
 from .notifications import DropLog, Inbox, NotificationGate
 from .plane import BadMessage, Msg, Server
+from .prefill_binding import ReaderBinding
 from .prefill_leases import PrefillLeases
 
 __all__ = ["PrefillOptions", "PrefillWorker"]
@@ -59,6 +60,8 @@ class _Queued:
     prompt: list[int]
     consumers: int
     arrived: float
+    #: the decode engine's agents the router named (the lease is bound to them)
+    readers: tuple[str, ...] = ()
 
 
 class PrefillWorker(PrefillLeases, EngineLoop):
@@ -92,6 +95,9 @@ class PrefillWorker(PrefillLeases, EngineLoop):
         )
         self.inbox = Inbox()
         self.verdict_readers: set[str] = set()
+        self.binding = ReaderBinding()
+        self.agents_forgotten = 0
+        self.forgotten_readers: OrderedDict[str, None] = OrderedDict()
         self.verdicts_sent = dict.fromkeys(("ok", "nk", "ll", "hello"), 0)
         self._now = -math.inf
         self.metrics.blocks_free.set(self.backend.num_free)
@@ -148,7 +154,8 @@ class PrefillWorker(PrefillLeases, EngineLoop):
             raise BadMessage(problem)
         # each P rank is read by every D rank that holds some of its heads
         consumers = max(1, m.d_tp // self.opts.tp)
-        self.queue.append(_Queued(envelope, m.req_id, m.prompt, consumers, self._clock()))
+        readers = tuple(m.readers or ())
+        self.queue.append(_Queued(envelope, m.req_id, m.prompt, consumers, self._clock(), readers))
 
     def _abort(self, req_id: str) -> None:
         for q in [q for q in self.queue if q.req_id == req_id]:
@@ -183,6 +190,7 @@ class PrefillWorker(PrefillLeases, EngineLoop):
             now = self._clock()
             rel = self.table.grant(q.req_id, now=now, consumers=q.consumers)
             self.blocks[q.req_id] = blocks
+            self.binding.name(q.req_id, q.readers)
             self.metrics.prefills.inc()
             deadline = self.table.deadline(q.req_id)
             self.backend.trace.emit(
@@ -192,6 +200,7 @@ class PrefillWorker(PrefillLeases, EngineLoop):
                 consumers=q.consumers,
                 blocks=len(blocks),
                 lease=None if deadline is None else deadline - now,
+                readers=list(q.readers),
             )
             if rel is not None:  # a staged abort / transfer-done completed it already
                 self._release(rel)
@@ -267,6 +276,9 @@ class PrefillWorker(PrefillLeases, EngineLoop):
             "inbox_pending": self.inbox.pending,
             "inbox_overflow": self.inbox.overflow,
             "heartbeats_received": self.heartbeats_received,
+            "acts_refused": dict(self.binding.refused),
+            "agents_heard": len(self.binding.last_heard),
+            "agents_forgotten": self.agents_forgotten,
             "table": stats_dict(self.table.stats),
             **self.backend.auth_stats(),
         }

@@ -23,8 +23,9 @@ logged, as upstream does.
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..core import wire
 from ..core.events import LateTransfer, Release, ReleaseReason, TransferCounted
@@ -36,6 +37,7 @@ from .trace import text
 if TYPE_CHECKING:
     from .backend import KVBackend
     from .loop import RankOptions
+    from .prefill_binding import ReaderBinding
 
 __all__ = ["PrefillLeases"]
 
@@ -45,6 +47,10 @@ log = logging.getLogger("leaseproto.prefill")
 _INBOX_BUDGET_S = 0.02
 #: The capability token as it appears in a hello heartbeat's payload.
 _HELLO = wire.CAPABILITY.encode()
+#: Seconds between two looks for silent decoders to forget.
+_PRUNE_EVERY_S = 1.0
+#: Most forgotten verdict readers remembered, so one that comes back gets verdicts again.
+_FORGOTTEN_READERS = 4096
 
 
 class PrefillLeases:
@@ -58,6 +64,11 @@ class PrefillLeases:
     gate: NotificationGate
     inbox: Inbox
     drops: DropLog
+    #: which D agents may act for each live lease (spec §10.2)
+    binding: ReaderBinding
+    agents_forgotten: int
+    #: verdict readers P forgot (oldest first), restored when heard again
+    forgotten_readers: OrderedDict[str, None]
     #: readers that said they understand verdicts (agent names)
     verdict_readers: set[str]
     verdicts_sent: dict[str, int]
@@ -66,6 +77,7 @@ class PrefillLeases:
     heartbeats_received: int
     malformed: int
     _now: float
+    _pruned_at: float = -float("inf")
 
     def _clock(self) -> float:
         raise NotImplementedError
@@ -74,6 +86,7 @@ class PrefillLeases:
     def _release(self, rel: Release) -> None:
         """Free the blocks of a lease the core just ended (spec: exactly then)."""
         blocks = self.blocks.pop(rel.req_id, [])
+        self.binding.release(rel.req_id)
         self.backend.free(blocks)
         self.backend.trace.release(rel, len(blocks))
         self.last_release_at = rel.at
@@ -104,6 +117,38 @@ class PrefillLeases:
                 self.nacks_sent += 1
                 self.metrics.nacks.inc()
 
+    def _refusals(self, sender: str, msg: wire.Message) -> list[str]:
+        """The ids ``msg`` names whose lease is bound to agents other than
+        ``sender`` (:class:`ReaderBinding`; unbound live ones are bound to the
+        sender's engine); counted and logged (rate-limited). P ignores those
+        acts and answers nothing for them."""
+        live = self.blocks
+        admits = self.binding.admits
+        if isinstance(msg, wire.Heartbeat):
+            if self.opts.policy != "lease":
+                return []
+            kind = "heartbeat"
+            ids = [i for i in msg.ids if i != wire.CAPABILITY]
+        elif isinstance(msg, (wire.TransferDone, wire.Abort)):
+            kind = "abort" if isinstance(msg, wire.Abort) else "transfer_done"
+            ids = [msg.req_id]
+        else:
+            return []
+        refused = [i for i in ids if not admits(sender, i, live=i in live, kind=kind)]
+        if refused:
+            self._refused(sender, refused, kind)
+        return refused
+
+    def _refused(self, sender: str, ids: Sequence[str], kind: str) -> None:
+        self.metrics.acts_refused.labels(kind=kind).inc(len(ids))
+        group = self.binding.bound(ids[0]) or frozenset()
+        self.drops.drop(
+            "act for a lease bound to other agents",
+            f"{kind} from {sender} for req {ids[0]}"
+            f"{f' and {len(ids) - 1} more' if len(ids) > 1 else ''}, bound to "
+            f"{', '.join(sorted(group))}",
+        )
+
     def _transfer_done(self, sender: str, msg: wire.TransferDone, now: float) -> None:
         out = self.table.transfer_done(msg.req_id, now=now, readers=msg.count)
         if isinstance(out, Release):
@@ -128,7 +173,9 @@ class PrefillLeases:
             else:
                 self._send(sender, wire.encode_nack(msg.req_id, verdict.reason), "nk")
 
-    def _heartbeat(self, sender: str, msg: wire.Heartbeat, now: float) -> None:
+    def _heartbeat(
+        self, sender: str, msg: wire.Heartbeat, now: float, refused: Sequence[str]
+    ) -> None:
         self.heartbeats_received += 1
         self.metrics.heartbeats.inc()
         self.metrics.heartbeat_ids.inc(len(msg.ids))
@@ -139,6 +186,8 @@ class PrefillLeases:
                 log.info("reader %s understands %s: it gets verdicts", sender, wire.CAPABILITY)
             self.verdict_readers.add(sender)
             self._send(sender, wire.encode_ok(wire.CAPABILITY), "hello")
+        if refused:
+            ids = tuple(i for i in ids if i not in set(refused))
         if self.opts.policy != "lease" or not ids:
             return
         lost: list[str] = []
@@ -153,10 +202,22 @@ class PrefillLeases:
         (the reader's hello) goes the long way, which handles the hello."""
         if self.opts.policy != "lease" or type(payload) is not bytes or _HELLO in payload:
             return False
+        if not payload.startswith(wire.HEARTBEAT_PREFIX):
+            return False
+        try:  # every id this sender may renew (binding unbound ones): else the slow path
+            named = payload[3:].decode().split(",")
+        except UnicodeDecodeError:
+            return False
+        unbound = self.binding.unbound_for(sender, named, self.blocks)
+        if unbound is None:
+            return False
         lost: list[str] = []
         ids = self.table.renew_heartbeat(payload, now=now, lost=lost)
         if ids is None:
             return False
+        self._handled(sender, payload, now, ())  # before its outputs (renew, LL)
+        if unbound:  # trust on first use: these leases are now bound to the sender's engine
+            self.binding.bind(sender, unbound)
         self.heartbeats_received += 1
         self.metrics.heartbeats.inc()
         self.metrics.heartbeat_ids.inc(len(ids))
@@ -204,18 +265,32 @@ class PrefillLeases:
                     "no lease known" if ended is None else f"lease already {ended.value}",
                 )
 
-    def _notification(self, sender: str, payload: bytes, now: float) -> None:
+    def _handled(self, sender: str, payload: bytes, now: float, refused: Sequence[str]) -> None:
+        """Trace the notification P handles now, with the ids it refused
+        (check-trace hands the rest to its table)."""
         if self.backend.trace.enabled:
-            self.backend.trace.emit("handle", now=now, src=sender, data=text(payload))
+            extra: dict[str, Any] = {"refused": list(refused)} if refused else {}
+            self.backend.trace.emit("handle", now=now, src=sender, data=text(payload), **extra)
+
+    def _notification(self, sender: str, payload: bytes, now: float) -> None:
+        self.binding.heard(sender, now)
+        if self.forgotten_readers and sender in self.forgotten_readers:
+            del self.forgotten_readers[sender]  # a reader P forgot is back (it pushed again)
+            self.verdict_readers.add(sender)
         if self._fused_heartbeat(sender, payload, now):
             return
         try:
             msg = wire.decode(payload)
         except wire.MalformedMessage as exc:
+            self._handled(sender, payload, now, ())
             self._drop_malformed(f"from {sender}: {exc}")
             return
+        refused = self._refusals(sender, msg)
+        self._handled(sender, payload, now, refused)
         if isinstance(msg, wire.Heartbeat):
-            self._heartbeat(sender, msg, now)
+            self._heartbeat(sender, msg, now, refused)
+        elif refused:
+            return  # a transfer-done or abort for a lease bound to other agents
         elif isinstance(msg, wire.TransferDone):
             self._transfer_done(sender, msg, now)
         elif isinstance(msg, wire.Abort):
@@ -229,6 +304,40 @@ class PrefillLeases:
         self.malformed += 1
         self.metrics.malformed.inc()
         self.drops.drop("malformed notification", why)
+
+    def _forget_silent(self) -> None:
+        """Forget decoders bound to no live lease and unheard for ``tombstone_ttl``
+        (at least two lease extensions; checked once a second): their NIXL agent
+        is removed and P's records of them dropped. A decoder of ours that comes
+        back pushes its metadata again first (it does after two heartbeat
+        intervals without traffic, which T2 keeps within two extensions), and a
+        verdict reader among the last few thousand forgotten gets verdicts again."""
+        now = self._clock()
+        if now - self._pruned_at < _PRUNE_EVERY_S:
+            return
+        self._pruned_at = now
+        cfg = self.opts.config
+        ttl = max(cfg.tombstone_ttl, 2.0 * cfg.lease_extension)
+        gone = self.binding.silent(now=now, ttl=ttl)
+        if gone:
+            self.backend.trace.emit("forget", now=now, agents=gone)
+        for agent in gone:
+            if agent in self.verdict_readers:
+                self.verdict_readers.discard(agent)
+                self.forgotten_readers[agent] = None
+                if len(self.forgotten_readers) > _FORGOTTEN_READERS:
+                    self.forgotten_readers.popitem(last=False)
+            self.backend.forget(agent)
+        if gone:  # one line a second at most, however many agents go
+            self.agents_forgotten += len(gone)
+            self.metrics.agents_forgotten.inc(len(gone))
+            log.info(
+                "forgot %d decoder agent%s (no live lease, silent for %g s): %s",
+                len(gone),
+                "" if len(gone) == 1 else "s",
+                ttl,
+                ", ".join(gone[:4]) + (" ..." if len(gone) > 4 else ""),
+            )
 
     def lease_step(self) -> None:
         # Each notification is handled at the instant it was polled (P had
@@ -249,5 +358,6 @@ class PrefillLeases:
         self.drops.flush()
         for peer, reason in self.backend.take_lost_peers():
             log.info("NIXL peer %s lost (%s)", peer, reason)
+        self._forget_silent()
         self.metrics.blocks_held.set(sum(len(b) for b in self.blocks.values()))
         self.metrics.blocks_free.set(self.backend.num_free)

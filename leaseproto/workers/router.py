@@ -179,10 +179,13 @@ class Router(EngineLoop):
         self.pending[req_id] = _Pending(envelope, cid, req_id, prompt, max_tokens, now)
         self.metrics.in_flight.set(len(self.pending))
         p = self.pending[req_id]
+        # the decode engine's NIXL agents: P binds the lease to them (spec §10.2)
+        agents = self.info.get(-1, {}).get("agents")
+        readers = {"readers": agents} if isinstance(agents, list) and agents else {}
         for i, peer in enumerate(self.prefill):
             # no d_tp: P grants before D is chosen; each reader's transfer-done
             # says how many D ranks read that P rank (its n)
-            if not peer.send({"op": "prefill", "req_id": req_id, "prompt": prompt}):
+            if not peer.send({"op": "prefill", "req_id": req_id, "prompt": prompt, **readers}):
                 self._abort_prefill(p)
                 self._finish(p, now, ok=False, error=f"prefill rank {i} is not taking requests")
                 return
@@ -301,6 +304,9 @@ class Router(EngineLoop):
     def _from_decode(self, msg: Msg, now: float) -> None:
         op = msg["op"]
         if op == "pong":
+            agents = msg.get("agents")
+            if isinstance(agents, list) and len(agents) < int(msg.get("tp") or 1):
+                return  # a rank's agent is not known yet: ask again (_ping_peers)
             known = -1 in self.info
             self.info[-1] = msg
             if not known:

@@ -1,0 +1,130 @@
+"""Which D agents may act for a lease on P: leases bound to their reader
+(spec §10.2). The core cannot tell who sent a notification (§10.1); this
+worker-layer record can, and P consults it before the core sees anything.
+
+A lease is bound to a set of D agents:
+
+* **named**: the router named the decode engine's agents in the ``prefill``
+  request (``readers``, every rank's NIXL agent): the lease is bound to
+  exactly them at the grant, before any D has heard of it;
+* otherwise **trust on first use**: the first agent that acts for the lease
+  (a heartbeat naming it, a transfer-done or an abort) binds it, together
+  with the agents the router last named alongside that agent (its engine),
+  if any.
+
+A renewal, transfer-done or abort for a bound lease from an agent outside
+its set is refused: counted by kind (:attr:`ReaderBinding.refused`) and
+ignored (no renewal, no count, no verdict). Several D ranks legitimately act
+for one lease under heterogeneous TP (readers ``n``, §2.4); the named set
+holds all of them. Only live leases are bound: an id P holds no lease for
+passes on to the core, which counts it (late, unknown, staged) and frees
+nothing that is live.
+
+The record also keeps when each agent was last heard and which agents a
+live lease is bound to, for :meth:`ReaderBinding.silent` (P forgets
+decoders that hold no live lease and have said nothing for
+``tombstone_ttl``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+
+__all__ = ["ACTS", "ReaderBinding"]
+
+#: What a D agent does for a lease, as counted when refused.
+ACTS = ("heartbeat", "transfer_done", "abort")
+
+
+class ReaderBinding:
+    """Lease id -> the D agents that may act for it, on one P rank."""
+
+    def __init__(self) -> None:
+        self._bound: dict[str, frozenset[str]] = {}
+        #: agent -> the agents the router last named with it (its decode engine)
+        self._engine: dict[str, frozenset[str]] = {}
+        #: acts refused because the lease is bound to other agents, by kind
+        self.refused: dict[str, int] = dict.fromkeys(ACTS, 0)
+        #: agent -> when P last handled a notification from it (P's clock)
+        self.last_heard: dict[str, float] = {}
+
+    def __len__(self) -> int:
+        return len(self._bound)
+
+    def bound(self, req_id: str) -> frozenset[str] | None:
+        """The agents ``req_id`` is bound to, or None while it is unbound."""
+        return self._bound.get(req_id)
+
+    def name(self, req_id: str, agents: Iterable[str]) -> None:
+        """Bind ``req_id`` at its grant to the agents the router named (no-op
+        for none)."""
+        group = frozenset(agents)
+        if not group:
+            return
+        self._bound[req_id] = group
+        for agent in group:
+            self._engine[agent] = group
+
+    def _engine_of(self, sender: str) -> frozenset[str]:
+        return self._engine.get(sender) or frozenset((sender,))
+
+    def admits(self, sender: str, req_id: str, *, live: bool, kind: str) -> bool:
+        """Whether ``sender`` may act (``kind``, one of :data:`ACTS`) for
+        ``req_id``; binds an unbound live lease to the sender's engine (trust on
+        first use). A refusal is counted."""
+        group = self._bound.get(req_id)
+        if group is None:
+            if live:
+                self._bound[req_id] = self._engine_of(sender)
+            return True
+        if sender in group:
+            return True
+        self.refused[kind] += 1
+        return False
+
+    def unbound_for(
+        self, sender: str, ids: Iterable[str], live: Collection[str]
+    ) -> list[str] | None:
+        """For one heartbeat from ``sender`` (the fast path's check): the live
+        ids it names that are still unbound (:meth:`bind` them once the
+        heartbeat is taken), or None when it names a lease bound to other
+        agents (the slow path then refuses and counts id by id)."""
+        get = self._bound.get
+        unbound: list[str] = []
+        for rid in ids:
+            group = get(rid)
+            if group is None:
+                if rid in live:
+                    unbound.append(rid)
+            elif sender not in group:
+                return None
+        return unbound
+
+    def bind(self, sender: str, ids: Iterable[str]) -> None:
+        """Bind these unbound live ids to ``sender``'s engine, as :meth:`admits` would."""
+        engine = self._engine_of(sender)
+        for rid in ids:
+            self._bound.setdefault(rid, engine)
+
+    def release(self, req_id: str) -> None:
+        """The lease ended: forget its binding."""
+        self._bound.pop(req_id, None)
+
+    def heard(self, sender: str, now: float) -> None:
+        self.last_heard[sender] = now
+
+    def silent(self, *, now: float, ttl: float) -> list[str]:
+        """Agents bound to no live lease and unheard for ``ttl`` seconds; they
+        are forgotten here (the caller drops its own records of them)."""
+        busy: set[str] = set()
+        for group in {id(g): g for g in self._bound.values()}.values():
+            busy |= group
+        gone = [a for a, t in self.last_heard.items() if now - t >= ttl and a not in busy]
+        for agent in gone:
+            self.forget(agent)
+        return gone
+
+    def forget(self, agent: str) -> None:
+        """Drop what is kept of ``agent`` (its engine, when it was last heard)."""
+        self.last_heard.pop(agent, None)
+        self._engine.pop(agent, None)
