@@ -67,3 +67,18 @@ def test_silent_agents_are_those_unheard_and_bound_to_no_live_lease() -> None:
     # a forgotten agent binds a new lease to itself alone (its naming is gone)
     assert b.admits("d0", "c", live=True, kind="heartbeat")
     assert b.bound("c") == {"d0"}
+
+
+def test_only_engine_is_the_one_set_bound_to() -> None:
+    b = ReaderBinding()
+    assert b.only_engine() is None
+    b.name("a", ["d0", "d1"])
+    b.name("b", ["d1", "d0"])  # the same engine, named again: one shared set
+    assert b.only_engine() == {"d0", "d1"} and b.bound("a") is b.bound("b")
+    assert b.admits("e0", "c", live=True, kind="heartbeat")  # a second engine
+    assert b.only_engine() is None
+    b.release("c")
+    assert b.only_engine() == {"d0", "d1"}
+    b.release("a")
+    b.release("b")
+    assert b.only_engine() is None and len(b) == 0

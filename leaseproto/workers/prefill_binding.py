@@ -41,6 +41,8 @@ class ReaderBinding:
 
     def __init__(self) -> None:
         self._bound: dict[str, frozenset[str]] = {}
+        #: each distinct set bound to, with how many live leases are bound to it
+        self._groups: dict[frozenset[str], int] = {}
         #: agent -> the agents the router last named with it (its decode engine)
         self._engine: dict[str, frozenset[str]] = {}
         #: acts refused because the lease is bound to other agents, by kind
@@ -55,15 +57,38 @@ class ReaderBinding:
         """The agents ``req_id`` is bound to, or None while it is unbound."""
         return self._bound.get(req_id)
 
+    def only_engine(self) -> frozenset[str] | None:
+        """The one set every bound lease is bound to, or None (none bound, or
+        several sets): with one decode engine, a heartbeat from one of its
+        agents needs no check id by id."""
+        if len(self._groups) != 1:
+            return None
+        return next(iter(self._groups))
+
+    def _bind(self, req_id: str, group: frozenset[str]) -> None:
+        old = self._bound.get(req_id)
+        if old is not None:
+            self._unbind(old)
+        self._bound[req_id] = group
+        self._groups[group] = self._groups.get(group, 0) + 1
+
+    def _unbind(self, group: frozenset[str]) -> None:
+        n = self._groups[group] - 1
+        if n:
+            self._groups[group] = n
+        else:
+            del self._groups[group]
+
     def name(self, req_id: str, agents: Iterable[str]) -> None:
         """Bind ``req_id`` at its grant to the agents the router named (no-op
         for none)."""
         group = frozenset(agents)
         if not group:
             return
-        self._bound[req_id] = group
-        for agent in group:
-            self._engine[agent] = group
+        if any(self._engine.get(a) != group for a in group):
+            for agent in group:  # the same engine's set is shared, not copied per lease
+                self._engine[agent] = group
+        self._bind(req_id, self._engine[next(iter(group))])
 
     def _engine_of(self, sender: str) -> frozenset[str]:
         return self._engine.get(sender) or frozenset((sender,))
@@ -75,7 +100,7 @@ class ReaderBinding:
         group = self._bound.get(req_id)
         if group is None:
             if live:
-                self._bound[req_id] = self._engine_of(sender)
+                self._bind(req_id, self._engine_of(sender))
             return True
         if sender in group:
             return True
@@ -104,11 +129,14 @@ class ReaderBinding:
         """Bind these unbound live ids to ``sender``'s engine, as :meth:`admits` would."""
         engine = self._engine_of(sender)
         for rid in ids:
-            self._bound.setdefault(rid, engine)
+            if rid not in self._bound:
+                self._bind(rid, engine)
 
     def release(self, req_id: str) -> None:
         """The lease ended: forget its binding."""
-        self._bound.pop(req_id, None)
+        group = self._bound.pop(req_id, None)
+        if group is not None:
+            self._unbind(group)
 
     def heard(self, sender: str, now: float) -> None:
         self.last_heard[sender] = now
@@ -117,7 +145,7 @@ class ReaderBinding:
         """Agents bound to no live lease and unheard for ``ttl`` seconds; they
         are forgotten here (the caller drops its own records of them)."""
         busy: set[str] = set()
-        for group in {id(g): g for g in self._bound.values()}.values():
+        for group in self._groups:
             busy |= group
         gone = [a for a, t in self.last_heard.items() if now - t >= ttl and a not in busy]
         for agent in gone:

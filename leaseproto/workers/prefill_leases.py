@@ -204,13 +204,20 @@ class PrefillLeases:
             return False
         if not payload.startswith(wire.HEARTBEAT_PREFIX):
             return False
-        try:  # every id this sender may renew (binding unbound ones): else the slow path
-            named = payload[3:].decode().split(",")
-        except UnicodeDecodeError:
-            return False
-        unbound = self.binding.unbound_for(sender, named, self.blocks)
-        if unbound is None:
-            return False
+        binding = self.binding
+        engine = binding.only_engine()
+        unbound: list[str] | None = []
+        every_live_lease_bound_to_sender = len(binding) == len(self.blocks) and (
+            not self.blocks or (engine is not None and sender in engine)
+        )
+        if not every_live_lease_bound_to_sender:  # check id by id
+            try:
+                named = payload[3:].decode().split(",")
+            except UnicodeDecodeError:
+                return False
+            unbound = binding.unbound_for(sender, named, self.blocks)
+            if unbound is None:  # it names a lease bound to other agents: the slow path
+                return False
         lost: list[str] = []
         ids = self.table.renew_heartbeat(payload, now=now, lost=lost)
         if ids is None:
