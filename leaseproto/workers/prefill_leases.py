@@ -187,7 +187,8 @@ class PrefillLeases:
             self.verdict_readers.add(sender)
             self._send(sender, wire.encode_ok(wire.CAPABILITY), "hello")
         if refused:
-            ids = tuple(i for i in ids if i not in set(refused))
+            skip = set(refused)
+            ids = tuple(i for i in ids if i not in skip)
         if self.opts.policy != "lease" or not ids:
             return
         lost: list[str] = []
