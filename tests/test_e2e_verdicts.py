@@ -26,12 +26,13 @@ def cluster() -> Iterator[Cluster]:
 
 
 def _prefill(cluster: Cluster, prompt: list[int]) -> dict[str, Any]:
-    """A prefill asked of P directly, as a router that does not know D yet
-    would (no ``d_tp``: the grant says one consumer)."""
+    """A prefill asked of P directly, as our router asks it (no ``d_tp``: the
+    grant says one consumer; ``readers``: the decode engine's agents, which the
+    lease is bound to, spec §10.2)."""
     rid = f"v-{secrets.token_hex(8)}"
-    got = call(
-        cluster.prefill[0].address, {"op": "prefill", "req_id": rid, "prompt": prompt}, timeout=10
-    )
+    readers = [w.info["agent"] for w in cluster.decode]
+    msg = {"op": "prefill", "req_id": rid, "prompt": prompt, "readers": readers}
+    got = call(cluster.prefill[0].address, msg, timeout=10)
     assert got["op"] == "prefilled" and got["consumers"] == 1, got
     got.pop("op")
     return got
