@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from leaseproto.cli._flag_types import positive_int
+
 TIMEOUT_MS = 20_000
 SYSTEMS = "lease, lease-cap, engine, table, gate, timing, timing-cap, timing-bounded, timing-reads"
 
@@ -34,7 +36,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     )
     ap.add_argument(
         "--timeout-ms",
-        type=int,
+        type=positive_int,
         default=TIMEOUT_MS,
         metavar="MS",
         help=f"z3 timeout per obligation (default {TIMEOUT_MS})",

@@ -218,3 +218,190 @@ def test_missing_extra_message_names_the_extra() -> None:
 
     exc = ModuleNotFoundError("No module named 'matplotlib'", name="matplotlib")
     assert "pip install 'leaseproto[plot]'" in missing_extra(exc)
+
+
+# -- every flag checked up front (issue 21 §2) -------------------------------------------
+def refused(
+    capsys: pytest.CaptureFixture[str], argv: list[str], *needles: str, run: bool = True
+) -> str:
+    """``main(argv)`` refuses with status 2 and one clear message on stderr, in this
+    process; argparse's usage error or the command's own line, no traceback.
+    ``run=False``: only parse (a command line accepted by mistake must not run)."""
+    status: object = "accepted"
+    try:
+        if run:
+            status = main(argv)
+        else:
+            build_parser().parse_args(argv)
+    except SystemExit as exc:  # argparse's usage error
+        status = exc.code
+    out, err = capsys.readouterr()
+    assert status == 2 and out == "", (status, out, err)
+    assert "Traceback" not in err
+    for needle in needles:
+        assert needle in err, err
+    return err
+
+
+@pytest.fixture
+def no_child(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail the test if anything starts a process (the demo's workers would)."""
+
+    def popen(*a: object, **k: object) -> None:
+        raise AssertionError(f"a child process was started: {a}")
+
+    monkeypatch.setattr(subprocess, "Popen", popen)
+
+
+def test_unknown_option_without_a_command(capsys: pytest.CaptureFixture[str]) -> None:
+    err = refused(capsys, ["--bogus"], "unrecognized arguments: --bogus", "config, replay")
+    assert "arguments are required" not in err
+    err = refused(capsys, ["serve", "--bogus"], "unrecognized arguments: --bogus", "prefill")
+    assert "arguments are required" not in err
+
+
+def test_no_command_names_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
+    refused(capsys, [], "name a COMMAND: config, replay")
+    refused(capsys, ["serve"], "name a ROLE: prefill, decode, router")
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode", "router"])
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [("--port", "99999"), ("--port", "-5"), ("--metrics-port", "99999"), ("--port", "80.5")],
+)
+def test_serve_ports_out_of_range_are_refused(
+    role: str, flag: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # before the fix: --port 99999 bound 34463, -5 bound 65531, --metrics-port 99999
+    # was an OverflowError traceback
+    tail = ROUTER[2:] if role == "router" else []
+    refused(
+        capsys,
+        ["serve", role, *tail, flag, value],
+        f"leaseproto serve {role}: error: argument {flag}: expected a port 1..65535",
+        repr(value),
+        run=False,
+    )
+
+
+def test_serve_ports_in_range_are_taken() -> None:
+    args = build_parser().parse_args([*ROUTER, "--port", "65535", "--metrics-port", "-1"])
+    assert (args.port, args.metrics_port) == (65535, -1)
+    args = build_parser().parse_args(["serve", "prefill", "--nixl-port", "0", "--port", "1"])
+    assert (args.nixl_port, args.port) == (0, 1)
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["serve", "decode", "--max-running", "0"], "--max-running: expected a whole number >= 1"),
+        (["serve", "prefill", "--num-blocks", "-3"], "--num-blocks: expected a whole number"),
+        (["serve", "prefill", "--tp", "two"], "--tp: expected a whole number >= 1, got 'two'"),
+        (["serve", "decode", "--step-time", "-1"], "--step-time: expected a finite number >= 0"),
+        ([*ROUTER, "--request-timeout", "nan"], "--request-timeout: expected a finite number > 0"),
+        (["serve", "decode", "--device", "gpu"], "--device: expected cpu, cuda or cuda:N"),
+        (["serve", "prefill", "--device", "cuda:"], "--device: expected cpu, cuda or cuda:N"),
+        (["sim", "--jobs", "0"], "--jobs: expected a whole number >= 1"),
+        (["sim", "--sample-dt", "0"], "--sample-dt: expected a finite number > 0"),
+        (["sim", "--d-engines", "0"], "--d-engines: expected a whole number >= 1"),
+        (["check", "--max-states", "-1"], "--max-states: expected a whole number >= 1"),
+        (["prove", "--timeout-ms", "0"], "--timeout-ms: expected a whole number >= 1"),
+    ],
+)
+def test_every_command_checks_its_numbers(
+    argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    refused(capsys, argv, needle, run=False)
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        # before the fix: an IndexError after 24 s
+        (["--first-wave", "-1"], "argument --first-wave: expected a whole number >= 1, got '-1'"),
+        # before the fix: failed from a child after 15-18 s, status 1
+        (["--max-running", "0"], "argument --max-running: expected a whole number >= 1"),
+        (["--device", "gpu"], "argument --device: expected cpu, cuda or cuda:N"),
+        (["--wave", "0"], "argument --wave: expected a whole number >= 1"),
+        (["--waves", "-1"], "argument --waves: expected a whole number >= 0"),
+        (["--max-tokens", "0"], "argument --max-tokens: expected a whole number >= 1"),
+        (["--step-time", "inf"], "argument --step-time: expected a finite number >= 0"),
+    ],
+)
+def test_demo_refuses_a_bad_flag_before_any_worker_starts(
+    argv: list[str], needle: str, capsys: pytest.CaptureFixture[str], no_child: None
+) -> None:
+    refused(capsys, ["demo", *argv], "leaseproto demo: error: " + needle)
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        # before the fix: a ValueError traceback
+        (["--kv-lease-duration", "0"], "--kv-lease-duration: kv_lease_duration=0.0 must be > 0"),
+        (
+            ["--kv-lease-duration", "nan"],
+            "--kv-lease-duration: kv_lease_duration=nan must be finite",
+        ),
+        (
+            ["--max-tokens", "1015"],
+            "--max-tokens 1015: a 10-token prompt and 1015 new tokens exceed the model's 1024",
+        ),
+        # a device this machine does not have (format checked, then torch asked)
+        (["--device", "cuda:99"], "--device cuda:99: "),
+    ],
+)
+def test_demo_checks_what_its_workers_would_refuse_before_starting_them(
+    argv: list[str], needle: str, capsys: pytest.CaptureFixture[str], no_child: None
+) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("zmq")
+    refused(capsys, ["demo", *argv], "leaseproto demo: " + needle)
+
+
+def test_demo_device_cuda_without_cuda(capsys: pytest.CaptureFixture[str], no_child: None) -> None:
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("zmq")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: --device cuda is valid here")
+    refused(capsys, ["demo", "--device", "cuda"], "--device cuda: torch sees no CUDA device")
+
+
+def test_serve_checks_the_device_before_building_the_worker(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("zmq")
+    refused(
+        capsys,
+        ["serve", "prefill", "--device", "cuda:99"],
+        "leaseproto serve prefill: --device cuda:99",
+    )
+
+
+def test_flag_types() -> None:
+    from leaseproto.cli import _flag_types as ft
+
+    assert ft.port("1") == 1 and ft.port("65535") == 65535
+    assert ft.port_or_zero("0") == 0 and ft.metrics_port("-1") == -1
+    assert ft.positive_float("0.5") == 0.5 and ft.non_negative_float("0") == 0.0
+    assert ft.positive_int("3") == 3 and ft.non_negative_int("0") == 0
+    assert [ft.device(d) for d in ("cpu", "cuda", "cuda:0", "cuda:12")]
+    for check, text in [
+        (ft.port, "0"),
+        (ft.port, "65536"),
+        (ft.port_or_zero, "-1"),
+        (ft.metrics_port, "-2"),
+        (ft.positive_float, "0"),
+        (ft.positive_float, "-inf"),
+        (ft.non_negative_float, "-0.1"),
+        (ft.non_negative_float, "nan"),
+        (ft.positive_int, "1.0"),
+        (ft.non_negative_int, "-1"),
+        (ft.device, "CUDA"),
+        (ft.device, "cuda:-1"),
+        (ft.device, "mps"),
+    ]:
+        with pytest.raises(argparse.ArgumentTypeError, match="expected"):
+            check(text)

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from .. import __version__
 from ._errors import EXTRA_OF, USAGE, missing_extra
 
-__all__ = ["DefaultsFormatter", "build_parser", "main"]
+__all__ = ["CommandParser", "DefaultsFormatter", "build_parser", "main"]
 
 #: Subcommand modules, in the order ``--help`` lists them.
 _COMMANDS: tuple[str, ...] = (
@@ -61,15 +61,38 @@ def _all_parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParse
     return out
 
 
+class CommandParser(argparse.ArgumentParser):
+    """A parser with subcommands that names what is wrong when none is given:
+    ``leaseproto --bogus`` says ``unrecognized arguments: --bogus``, not
+    argparse's ``the following arguments are required: COMMAND``."""
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        ns, extras = super().parse_known_args(args, namespace)
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction) and (
+                getattr(ns, action.dest, None) is None
+            ):
+                names = ", ".join(action.choices)
+                if extras:
+                    self.error(
+                        f"unrecognized arguments: {' '.join(extras)} (name a "
+                        f"{action.metavar} first: {names}; add --help to one for its options)"
+                    )
+                self.error(f"name a {action.metavar}: {names}")
+        return ns, extras
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="leaseproto",
         description="KV-cache lease protocol for disaggregated prefill/decode serving.",
         formatter_class=DefaultsFormatter,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    # not required: CommandParser says what is missing, after any unknown option
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.required = True
     for name in _COMMANDS:
         module = importlib.import_module(f"{__name__}.{name}")
         module.register(sub)

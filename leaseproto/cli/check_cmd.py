@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from ..checker import SCOPES, check
+from ._flag_types import positive_int
 
 __all__ = ["register"]
 
@@ -24,7 +25,7 @@ def register(sub: Any) -> None:
     p.add_argument("--scope", choices=sorted(SCOPES), default="small", help="the world to explore")
     p.add_argument(
         "--max-states",
-        type=int,
+        type=positive_int,
         default=None,
         help="stop after this many distinct states (default: the scope's own bound, above its "
         "state count for every scope but large, so a run as typed is exhaustive; large stops "

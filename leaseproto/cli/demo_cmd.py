@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ._errors import check_writable, fail, missing_extra
+from ._flag_types import device, device_problem, non_negative_float, non_negative_int, positive_int
 
 __all__ = ["register"]
 
@@ -25,7 +26,12 @@ def register(sub: Any) -> None:
         "decode worker, and the same surge under a fixed timeout. Prints a table "
         "of what it measured; takes about a minute.",
     )
-    p.add_argument("--device", default="cpu", help="torch device for KV blocks (cpu, cuda)")
+    p.add_argument(
+        "--device",
+        type=device,
+        default="cpu",
+        help="torch device for KV blocks (cpu, cuda, cuda:N)",
+    )
     p.add_argument(
         "--kv-lease-duration",
         type=float,
@@ -34,22 +40,29 @@ def register(sub: Any) -> None:
         help="initial lease (default 3 s: a compressed timescale)",
     )
     p.add_argument(
-        "--max-running", type=int, default=2, help="requests D decodes at once (default 2)"
+        "--max-running", type=positive_int, default=2, help="requests D decodes at once (default 2)"
     )
     p.add_argument(
         "--first-wave",
-        type=int,
+        type=positive_int,
         default=16,
         help="requests in the first wave of a surge (default 16)",
     )
-    p.add_argument("--waves", type=int, default=5, help="later waves, one a second (default 5)")
-    p.add_argument("--wave", type=int, default=4, help="requests per later wave (default 4)")
     p.add_argument(
-        "--max-tokens", type=int, default=12, help="tokens to decode per request (default 12)"
+        "--waves", type=non_negative_int, default=5, help="later waves, one a second (default 5)"
+    )
+    p.add_argument(
+        "--wave", type=positive_int, default=4, help="requests per later wave (default 4)"
+    )
+    p.add_argument(
+        "--max-tokens",
+        type=positive_int,
+        default=12,
+        help="tokens to decode per request (default 12)",
     )
     p.add_argument(
         "--step-time",
-        type=float,
+        type=non_negative_float,
         default=0.08,
         metavar="SECONDS",
         help="modelled forward-pass time of one decode step (default 0.08)",
@@ -73,6 +86,26 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
+def _problem(args: argparse.Namespace, prompt_len: int) -> str | None:
+    """What the flags' types cannot check and a worker would refuse: the lease
+    settings (the rules of :class:`~leaseproto.LeaseConfig`), the device on this
+    machine, a request longer than the model."""
+    from ..core.config import LeaseConfig  # noqa: PLC0415
+    from ..workers.model import ModelConfig  # noqa: PLC0415
+
+    try:
+        LeaseConfig(args.kv_lease_duration)
+    except ValueError as exc:
+        return f"--kv-lease-duration: {exc}"
+    positions = ModelConfig().max_positions
+    if prompt_len + args.max_tokens > positions:
+        return (
+            f"--max-tokens {args.max_tokens}: a {prompt_len}-token prompt and "
+            f"{args.max_tokens} new tokens exceed the model's {positions} positions"
+        )
+    return device_problem(args.device)
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         from ..workers.cluster import TraceViolation  # noqa: PLC0415
@@ -93,6 +126,9 @@ def run(args: argparse.Namespace) -> int:
         load_cluster_key(args.cluster_key_file)  # a bad file fails here, not in a phase
     except ValueError as exc:
         return fail("demo", str(exc))
+    problem = _problem(args, DemoSettings.prompt_len)
+    if problem is not None:  # before any worker starts, not from a child after 20 s
+        return fail("demo", problem)
     settings = DemoSettings(
         device=args.device,
         kv_lease_duration=args.kv_lease_duration,

@@ -20,6 +20,16 @@ from typing import Any
 
 from ..workers.notifications import MAX_INCOMING_BYTES
 from ._errors import fail, missing_extra
+from ._flag_types import (
+    device,
+    device_problem,
+    metrics_port,
+    non_negative_float,
+    non_negative_int,
+    port_or_zero,
+    positive_float,
+    positive_int,
+)
 from ._lease_flags import add_extra_config_flag, add_lease_flags, config_from_args
 
 __all__ = ["address", "register"]
@@ -73,29 +83,37 @@ def _common(p: argparse.ArgumentParser, *, nixl: bool = True) -> None:
         "--host", default="127.0.0.1", help="address to bind and advertise (default 127.0.0.1)"
     )
     p.add_argument(
-        "--port", type=int, default=0, help="request-plane port (ZeroMQ); 0 picks a free one"
+        "--port",
+        type=port_or_zero,
+        default=0,
+        help="request-plane port (ZeroMQ); 0 picks a free one",
     )
     p.add_argument(
         "--metrics-port",
-        type=int,
+        type=metrics_port,
         default=0,
         help="Prometheus /metrics port; 0 picks a free one, -1 disables",
     )
     if nixl:
         p.add_argument(
             "--nixl-port",
-            type=int,
+            type=port_or_zero,
             default=0,
             help="NIXL metadata listener port; 0 picks a free one",
         )
-        p.add_argument("--device", default="cpu", help="torch device for KV blocks (cpu, cuda)")
-        p.add_argument("--num-blocks", type=int, default=256, help="KV blocks in the pool")
-        p.add_argument("--block-size", type=int, default=4, help="tokens per KV block")
-        p.add_argument("--rank", type=int, default=0, help="this process's TP rank")
-        p.add_argument("--tp", type=int, default=1, help="ranks of this engine")
+        p.add_argument(
+            "--device",
+            type=device,
+            default="cpu",
+            help="torch device for KV blocks (cpu, cuda, cuda:N)",
+        )
+        p.add_argument("--num-blocks", type=positive_int, default=256, help="KV blocks in the pool")
+        p.add_argument("--block-size", type=positive_int, default=4, help="tokens per KV block")
+        p.add_argument("--rank", type=non_negative_int, default=0, help="this process's TP rank")
+        p.add_argument("--tp", type=positive_int, default=1, help="ranks of this engine")
         p.add_argument(
             "--max-incoming-notification-bytes",
-            type=int,
+            type=positive_int,
             default=MAX_INCOMING_BYTES,
             metavar="BYTES",
             help="drop and count larger incoming NIXL notifications (default %(default)s)",
@@ -150,8 +168,7 @@ def register(sub: Any) -> None:
         help="run one worker: prefill, decode or router",
         description="Run one worker process with a single-threaded engine loop.",
     )
-    roles = p.add_subparsers(dest="role", metavar="ROLE")
-    roles.required = True
+    roles = p.add_subparsers(dest="role", metavar="ROLE")  # CommandParser names a missing one
     pre = roles.add_parser("prefill", help="a prefill rank: prefill, grant leases, serve KV")
     _common(pre)
     pre.add_argument(
@@ -168,13 +185,13 @@ def register(sub: Any) -> None:
     )
     dec.add_argument(
         "--max-running",
-        type=int,
+        type=positive_int,
         default=4,
         help="most requests decoding at once; the rest wait in the queue",
     )
     dec.add_argument(
         "--step-time",
-        type=float,
+        type=non_negative_float,
         default=0.0,
         metavar="SECONDS",
         help="extra time per decode step (models a busy accelerator)",
@@ -230,7 +247,7 @@ def register(sub: Any) -> None:
     )
     rt.add_argument(
         "--request-timeout",
-        type=float,
+        type=positive_float,
         default=120.0,
         metavar="SECONDS",
         help="a request not answered this long after it arrived fails",
@@ -265,6 +282,9 @@ def _worker(args: argparse.Namespace) -> Any:
                 cluster_key=load_cluster_key(args.cluster_key_file),
             )
         )
+    problem = device_problem(args.device)
+    if problem is not None:
+        raise ValueError(problem)
     if args.role == "prefill":
         from ..workers.prefill import PrefillOptions, PrefillWorker  # noqa: PLC0415
 

@@ -6,24 +6,26 @@ import argparse
 import importlib.util
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ._errors import check_writable, fail
+from ._flag_types import non_negative_float, positive_float, positive_int
 from ._lease_flags import add_lease_flags, lease_kwargs
 
 __all__ = ["parse_policies", "register"]
 
 _PRESET_NAMES = ("surge", "crash", "both", "scale", "internet", "hang")
 _DEFAULT_POLICIES = "fixed:480,fixed:30,lease,cap:300"
-_SCENARIO_FLAGS: tuple[tuple[str, type, str], ...] = (
-    ("duration", float, "arrivals window, s"),
-    ("rate", float, "steady arrival rate, requests/s"),
-    ("p_engines", int, "prefill engines"),
-    ("d_engines", int, "decode engines"),
-    ("d_slots", int, "running-set capacity per decode engine"),
-    ("delay_jitter", float, "notification delay jitter, s"),
-    ("stall_rate", float, "D forward-pass stalls per engine-second"),
+_SCENARIO_FLAGS: tuple[tuple[str, Callable[[str], object], str], ...] = (
+    ("duration", positive_float, "arrivals window, s"),
+    ("rate", non_negative_float, "steady arrival rate, requests/s"),
+    ("p_engines", positive_int, "prefill engines"),
+    ("d_engines", positive_int, "decode engines"),
+    ("d_slots", positive_int, "running-set capacity per decode engine"),
+    ("delay_jitter", non_negative_float, "notification delay jitter, s"),
+    ("stall_rate", non_negative_float, "D forward-pass stalls per engine-second"),
 )
 _LEASE_FLAGS = (
     "kv_lease_duration",
@@ -66,7 +68,7 @@ def register(sub: Any) -> None:
     add_lease_flags(p, _LEASE_FLAGS, note="; lease policies only")
     p.add_argument(
         "--sample-dt",
-        type=float,
+        type=positive_float,
         default=None,
         metavar="SECONDS",
         help="spacing of the raw series (default duration/600)",
@@ -88,7 +90,7 @@ def register(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.add_argument(
         "--jobs",
-        type=int,
+        type=positive_int,
         default=1,
         metavar="N",
         help="run the policies in N processes (no progress bar; the figures are the same)",
@@ -151,10 +153,6 @@ def run(args: argparse.Namespace) -> int:
         }
         scenario = preset(args.preset, **overrides)
         policies = parse_policies(args.policies, LeaseConfig(**lease_kwargs(args, _LEASE_FLAGS)))
-        if args.sample_dt is not None and not args.sample_dt > 0:
-            raise ValueError("--sample-dt must be > 0")
-        if args.jobs < 1:
-            raise ValueError("--jobs must be >= 1")
     except ValueError as exc:
         return fail("sim", str(exc))
     show = sys.stderr.isatty() if args.progress is None else args.progress
