@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -76,9 +77,12 @@ def _is_status(line: str) -> bool:
 
 
 def test_demo_reads_well_in_80_columns() -> None:
-    code, shown, most_status, _ = run_in_pty(["demo", *SMALL], _is_status, columns=80)
+    code, shown, most_status, seen = run_in_pty(["demo", *SMALL], _is_status, columns=80)
     text = "\n".join(shown)
     assert code == 0, text
+    # the surge's live status shows what phase 3 is about, within the 80 columns
+    surges = [ln for ln in seen if "answered |" in ln]
+    assert surges and all(re.search(r"expired \d+ late \d+", ln) for ln in surges), surges
     # the live status is one line, redrawn in place: never two copies, none left over
     assert most_status == 1, text
     assert not any(_is_status(ln) for ln in shown), text

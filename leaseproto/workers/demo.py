@@ -31,7 +31,7 @@ from typing import Any, TextIO
 
 from ..core.config import LeaseConfig
 from .cluster import Cluster, ClusterSpec
-from .demo_view import DemoDisplay
+from .demo_view import DemoDisplay, surge_status
 
 __all__ = ["DemoSettings", "PhaseResult", "run_demo"]
 
@@ -172,15 +172,7 @@ def _show(progress: DemoDisplay, cluster: Cluster, name: str, answered: int, n: 
         p = cluster.stats(cluster.prefill[0], timeout=1.0)
     except TimeoutError:
         return
-    t = p.get("table", {})
-    progress.status(
-        name,
-        f"answered | D waiting {d.get('waiting')} running {d.get('running')} | P blocks "
-        f"held {p.get('blocks_held')} | expired {t.get('released_expired')} late "
-        f"{t.get('late_transfers')}",
-        done=answered,
-        total=n,
-    )
+    progress.status(name, surge_status(d, p), done=answered, total=n)
 
 
 def _settle(cluster: Cluster, result: PhaseResult, settings: DemoSettings) -> None:
@@ -281,11 +273,7 @@ def run_demo(
     # P's pool holds one surge (all of it may wait on D at once), and no more
     p_blocks = n * -(-settings.prompt_len // ClusterSpec.block_size) + 2
     results: list[PhaseResult] = []
-    progress.line(
-        f"leaseproto demo: kv_lease_duration {settings.kv_lease_duration:g} s, heartbeat "
-        f"every {settings.heartbeat_interval:g} s, lease extension "
-        f"{settings.lease_extension:g} s, device {settings.device}"
-    )
+    progress.line(_header(settings))
     t0 = time.monotonic()
     progress.line("starting a router, a prefill and a decode worker (lease policy)...")
     with Cluster(_spec(settings, "lease", p_blocks), log_dir=_sub(settings, "lease")) as cluster:
@@ -327,6 +315,14 @@ def run_demo(
             )
         )
     return results
+
+
+def _header(settings: DemoSettings) -> str:
+    return (
+        f"leaseproto demo: kv_lease_duration {settings.kv_lease_duration:g} s, heartbeat "
+        f"every {settings.heartbeat_interval:g} s, lease extension "
+        f"{settings.lease_extension:g} s, device {settings.device}"
+    )
 
 
 def _trace_line(progress: DemoDisplay, cluster: Cluster, policy: str) -> dict[str, Any]:

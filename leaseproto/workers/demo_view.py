@@ -10,9 +10,11 @@ line every two seconds.
 
 from __future__ import annotations
 
+import re
+import textwrap
 import time
-from collections.abc import Sequence
-from typing import TextIO
+from collections.abc import Mapping, Sequence
+from typing import Any, TextIO
 
 from rich import box
 from rich.console import Console
@@ -20,10 +22,43 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from rich.table import Column, Table
 from rich.text import Text
 
-__all__ = ["DemoDisplay"]
+__all__ = ["DemoDisplay", "surge_status", "wrap"]
 
 #: Seconds between two status lines when the output is not a terminal.
 PLAIN_EVERY_S = 2.0
+
+#: The space between a number and its unit ("2 s", "0.5 ms"): a line never breaks there.
+_UNIT_SPACE = re.compile(r"(?<=\d) (?=m?s\b)")
+_NO_BREAK = "\xa0"  # textwrap breaks only at ASCII whitespace
+
+
+def wrap(text: str, width: int) -> list[str]:
+    """``text`` wrapped at spaces to ``width`` columns, never between a number
+    and its unit; a continuation line is indented as its first line is."""
+    out: list[str] = []
+    for para in text.split("\n"):
+        indent = para[: len(para) - len(para.lstrip(" "))]
+        lines = textwrap.wrap(
+            _UNIT_SPACE.sub(_NO_BREAK, para),
+            max(20, width),
+            subsequent_indent=indent,
+            break_long_words=False,
+            break_on_hyphens=False,
+        )
+        out += [ln.replace(_NO_BREAK, " ") for ln in lines] or [""]
+    return out
+
+
+def surge_status(d: Mapping[str, Any], p: Mapping[str, Any]) -> str:
+    """The figures of a surge, after its ``answered/total`` count: what the phase
+    shows first (leases expired, late transfers), then P's and D's load, so a
+    narrow terminal that cuts the line cuts the least telling part."""
+    t = p.get("table", {})
+    return (
+        f"answered | expired {t.get('released_expired')} late {t.get('late_transfers')} | "
+        f"P holds {p.get('blocks_held')} blocks | D waiting {d.get('waiting')} "
+        f"running {d.get('running')}"
+    )
 
 
 class DemoDisplay:
@@ -38,15 +73,15 @@ class DemoDisplay:
 
     # -- lines that stay ------------------------------------------------------------------
     def line(self, text: str) -> None:
-        """A line that stays (wrapped at word boundaries to the width)."""
-        self.console.print(Text(text))
+        """A line that stays, wrapped to the width (:func:`wrap`)."""
+        for part in wrap(text, self.console.width):
+            self.console.print(Text(part))
 
     def verdict(self, text: str) -> None:
         """``  -> verdict``, continuation lines indented under the verdict."""
         lead = "  -> "
-        lines = Text(text).wrap(self.console, max(20, self.console.width - len(lead)))
-        for i, part in enumerate(lines):
-            self.console.print(Text(lead if i == 0 else " " * len(lead)) + part)
+        for i, part in enumerate(wrap(text, self.console.width - len(lead))):
+            self.console.print(Text((lead if i == 0 else " " * len(lead)) + part))
 
     # -- the status that moves ------------------------------------------------------------
     def status(
