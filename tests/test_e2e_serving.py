@@ -5,11 +5,15 @@ notifications injected into a live P, and the metrics endpoints."""
 
 from __future__ import annotations
 
+import json
 import re
 import secrets
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from e2e_workers import (
@@ -161,3 +165,37 @@ def test_metrics_are_scrapeable(cluster: Cluster) -> None:
     assert cluster.router is not None
     r = _scrape(cluster.router.info["metrics_port"])
     assert r['leaseproto_router_requests_total{outcome="ok"}'] >= 2
+
+
+def test_generate_command_prints_the_reference_tokens(cluster: Cluster, tmp_path: Path) -> None:
+    """``leaseproto generate``, as a user runs it against these workers' router."""
+    assert cluster.router is not None
+    batch = prompts(3, seed=13)
+    path = tmp_path / "reqs.jsonl"
+    path.write_text(
+        "".join(json.dumps({"id": f"g{i}", "prompt": p}) + "\n" for i, p in enumerate(batch[1:]))
+    )
+    prompt = ",".join(map(str, batch[0]))
+
+    def generate(*args: str) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "leaseproto", "generate", "--router", cluster.router.address]
+        return subprocess.run(
+            [*cmd, "--prompt", prompt, "--max-tokens", "6", *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    r = generate("--file", str(path), "--json")
+    assert r.returncode == 0, r.stderr
+    got = {a["id"]: a for a in map(json.loads, r.stdout.splitlines())}
+    want = {"p0": batch[0], "g0": batch[1], "g1": batch[2]}
+    assert set(got) == set(want)
+    for rid, p in want.items():
+        assert got[rid]["ok"] and got[rid]["tokens"] == reference(p, 6), got[rid]
+        assert not got[rid]["recomputed"]
+    # text output: one line per answer, the id then the tokens
+    r = generate()
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"p0: {' '.join(map(str, reference(batch[0], 6)))} ("), r.stdout

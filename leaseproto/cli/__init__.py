@@ -31,6 +31,7 @@ _COMMANDS: tuple[str, ...] = (
     "check_trace_cmd",
     "demo_cmd",
     "serve_cmd",
+    "generate_cmd",
     "trace_cmd",
 )
 

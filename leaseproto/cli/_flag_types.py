@@ -17,6 +17,7 @@ import math
 import re
 
 __all__ = [
+    "address",
     "device",
     "device_problem",
     "metrics_port",
@@ -29,6 +30,7 @@ __all__ = [
 ]
 
 _DEVICE = re.compile(r"cpu|cuda(?::(?P<index>\d+))?")
+_ADDRESS = re.compile(r"tcp://[^\s:/]+:\d{1,5}|tcp://\[[0-9A-Fa-f:.]+\]:\d{1,5}")
 
 
 def _int(text: str, expected: str, lowest: int, highest: int | None = None) -> int:
@@ -84,6 +86,16 @@ def positive_float(text: str) -> float:
 def non_negative_float(text: str) -> float:
     """A finite number >= 0."""
     return _float(text, "a finite number >= 0", zero=True)
+
+
+def address(text: str) -> str:
+    """A request-plane address, ``tcp://HOST:PORT``."""
+    if _ADDRESS.fullmatch(text) and 0 < int(text.rsplit(":", 1)[1]) < 65536:
+        return text
+    hint = f" (did you mean tcp://{text}?)" if "://" not in text else ""
+    raise argparse.ArgumentTypeError(
+        f"expected an address tcp://HOST:PORT, e.g. tcp://127.0.0.1:17001, got {text!r}{hint}"
+    )
 
 
 def device(text: str) -> str:

@@ -12,7 +12,6 @@ import argparse
 import json
 import logging
 import os
-import re
 import signal
 import sys
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Any
 from ..workers.notifications import MAX_INCOMING_BYTES
 from ._errors import fail, missing_extra
 from ._flag_types import (
+    address,
     device,
     device_problem,
     metrics_port,
@@ -35,17 +35,6 @@ from ._lease_flags import add_extra_config_flag, add_lease_flags, config_from_ar
 __all__ = ["address", "register"]
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
-_ADDRESS = re.compile(r"tcp://[^\s:/]+:\d{1,5}|tcp://\[[0-9A-Fa-f:.]+\]:\d{1,5}")
-
-
-def address(text: str) -> str:
-    """A request-plane address, ``tcp://HOST:PORT`` (an argparse ``type``)."""
-    if _ADDRESS.fullmatch(text) and 0 < int(text.rsplit(":", 1)[1]) < 65536:
-        return text
-    hint = f" (did you mean tcp://{text}?)" if "://" not in text else ""
-    raise argparse.ArgumentTypeError(
-        f"expected an address tcp://HOST:PORT, e.g. tcp://127.0.0.1:17001, got {text!r}{hint}"
-    )
 
 
 def _log_level(text: str) -> str:

@@ -1,0 +1,234 @@
+"""``leaseproto generate``: send requests to a running router and print the answers.
+
+The client side of ``leaseproto serve router`` without writing Python: each
+request is a prompt of token ids (``--prompt 1,2,3``, repeatable) or a line of
+a JSON-lines file (``--file``: ``{"prompt": [1, 2, 3], "max_tokens": 8, "id":
+"a"}``, ``id`` and ``max_tokens`` optional). Every request is sent at once
+(:class:`~leaseproto.workers.client.RouterClient`); each answer is printed as
+it arrives, as text or, with ``--json``, as one JSON object a line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ._errors import fail
+from ._flag_types import address, positive_float, positive_int
+
+__all__ = ["Request", "read_requests", "register"]
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request to send: its id (the router names P's lease after it), the
+    prompt's token ids and how many tokens to decode."""
+
+    id: str
+    prompt: list[int]
+    max_tokens: int
+
+
+def _token_ids(text: str) -> list[int]:
+    """``1,2,3`` or ``"1 2 3"``: a prompt of token ids (an argparse type)."""
+    parts = text.replace(",", " ").split()
+    try:
+        ids = [int(p) for p in parts]
+    except ValueError:
+        ids = []
+    if not ids or any(i < 0 for i in ids):
+        raise argparse.ArgumentTypeError(
+            f"expected token ids >= 0 separated by commas or spaces, e.g. 1,2,3, got {text!r}"
+        )
+    return ids
+
+
+def register(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "generate",
+        help="send prompts (token ids) to a running router and print what was decoded",
+        description="Send requests to a router (leaseproto serve router), all at once, "
+        "and print each answer as it arrives: the request's id, the decoded token ids, "
+        "whether D recomputed the KV, the time to the answer, or the error. Exit status "
+        "0 when every request succeeded, 1 when one failed or got no answer in time, 2 "
+        "for a usage error (a bad flag, an unreadable or malformed --file).",
+    )
+    p.add_argument(
+        "--router",
+        type=address,
+        required=True,
+        metavar="ADDRESS",
+        help="the router's request-plane address, tcp://HOST:PORT (serve router --port)",
+    )
+    p.add_argument(
+        "--prompt",
+        type=_token_ids,
+        action="append",
+        default=[],
+        metavar="IDS",
+        help="a prompt of token ids, e.g. 1,2,3 (repeat for more requests)",
+    )
+    p.add_argument(
+        "--file",
+        metavar="FILE",
+        default=None,
+        help='JSON lines, one request each: {"prompt": [1, 2, 3]} and optionally "max_tokens" '
+        'and "id" (default f<line number>); - reads standard input',
+    )
+    p.add_argument(
+        "--max-tokens",
+        type=positive_int,
+        default=8,
+        metavar="N",
+        help="tokens to decode per request (a --file line's max_tokens wins)",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object per answer")
+    p.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=120.0,
+        metavar="SECONDS",
+        help="give up on answers not in this long after sending",
+    )
+    p.add_argument(
+        "--connect-timeout",
+        type=positive_float,
+        default=10.0,
+        metavar="SECONDS",
+        help="how long to wait for the router to answer and to see its workers",
+    )
+    p.set_defaults(func=run)
+
+
+def read_requests(lines: list[str], *, max_tokens: int, source: str) -> list[Request]:
+    """The requests of a JSON-lines text (blank lines skipped).
+
+    Raises:
+        ValueError: a line that is not a request, naming ``source:line``.
+    """
+    out: list[Request] = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{source}:{n}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{where}: not JSON: {exc}") from exc
+        if not isinstance(obj, dict):
+            raise ValueError(f"{where}: expected a JSON object with a 'prompt'")
+        prompt, tokens = obj.get("prompt"), obj.get("max_tokens", max_tokens)
+        if not (
+            isinstance(prompt, list)
+            and prompt
+            and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt)
+        ):
+            raise ValueError(f"{where}: 'prompt' must be a non-empty list of token ids >= 0")
+        if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 1:
+            raise ValueError(f"{where}: 'max_tokens' must be a whole number >= 1")
+        rid = obj.get("id", f"f{n}")
+        out.append(Request(str(rid), prompt, tokens))
+    return out
+
+
+def _requests(args: argparse.Namespace) -> list[Request]:
+    """Every request the flags name: the --prompt ones, then the --file lines.
+
+    Raises:
+        ValueError: none at all, an unreadable or malformed file, an id twice.
+    """
+    reqs = [Request(f"p{i}", ids, args.max_tokens) for i, ids in enumerate(args.prompt)]
+    if args.file is not None:
+        try:
+            text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text("utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"cannot read {args.file}: {exc}") from exc
+        source = "stdin" if args.file == "-" else args.file
+        reqs += read_requests(text.splitlines(), max_tokens=args.max_tokens, source=source)
+    if not reqs:
+        raise ValueError("nothing to send: give --prompt IDS or --file FILE")
+    seen: set[str] = set()
+    for r in reqs:
+        if r.id in seen:
+            raise ValueError(f"request id {r.id!r} is used twice (each answer is matched by id)")
+        seen.add(r.id)
+    return reqs
+
+
+def _connect(router: str, timeout: float) -> str | None:
+    """Wait for the router to answer and to have heard from its workers; why
+    it did not (None: ready). A router that answers but is not ready by the
+    timeout is still sent the requests: its answers name the missing workers."""
+    from ..workers.plane import call  # noqa: PLC0415 - pyzmq, on use
+
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            pong = call(router, {"op": "ping"}, timeout=max(0.1, min(left, 2.0)))
+        except TimeoutError:
+            if time.monotonic() >= deadline:
+                return (
+                    f"no answer from {router} within {timeout:g} s: is a router "
+                    "(leaseproto serve router) listening there?"
+                )
+            continue
+        role = pong.get("role")
+        if role != "router":
+            return (
+                f"{router} is a {role or 'worker that is not a router'}: give the router's address"
+            )
+        if pong.get("ready") or time.monotonic() >= deadline:
+            return None
+        time.sleep(0.2)
+
+
+def _show(msg: dict[str, Any], as_json: bool) -> str:
+    latency = msg.get("_latency")
+    if as_json:
+        keys = ("id", "ok", "tokens", "error", "recomputed", "req_id")
+        return json.dumps({**{k: msg.get(k) for k in keys}, "seconds": latency})
+    took = "" if latency is None else f" ({latency:.2f} s)"
+    if not msg.get("ok"):
+        return f"{msg.get('id')}: failed: {msg.get('error')}{took}"
+    tokens = " ".join(str(t) for t in msg.get("tokens", []))
+    again = " (KV recomputed on D)" if msg.get("recomputed") else ""
+    return f"{msg.get('id')}: {tokens}{again}{took}"
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        reqs = _requests(args)
+    except ValueError as exc:
+        return fail("generate", str(exc))
+    from ..workers.client import RouterClient  # noqa: PLC0415 - pyzmq, on use
+
+    problem = _connect(args.router, args.connect_timeout)
+    if problem is not None:
+        print(f"leaseproto generate: {problem}", file=sys.stderr)
+        return 1
+    client = RouterClient(args.router)
+    failed = 0
+    try:
+        for r in reqs:
+            client.submit(r.id, r.prompt, r.max_tokens)
+        deadline = time.monotonic() + args.timeout
+        while len(client.results) < len(reqs) and time.monotonic() < deadline:
+            for msg in client.poll(min(0.2, max(0.0, deadline - time.monotonic()))):
+                failed += not msg.get("ok")
+                print(_show(msg, args.json), flush=True)
+    finally:
+        client.close()
+    missing = [r.id for r in reqs if r.id not in client.results]
+    if missing:
+        print(
+            f"leaseproto generate: no answer within {args.timeout:g} s for "
+            f"{len(missing)} request(s): {', '.join(missing[:10])}",
+            file=sys.stderr,
+        )
+    return 1 if failed or missing else 0
