@@ -117,6 +117,9 @@ def system_obligations(sys_: System, invs: Sequence[Any]) -> list[Obligation]:
     def params_line(m: Any) -> str:
         return "params: " + render(m, p.items())
 
+    def show_initial(m: Any) -> list[str]:
+        return ["initial state: " + render(m, s.items()), params_line(m)]
+
     obs = [
         Obligation(
             n,
@@ -135,7 +138,7 @@ def system_obligations(sys_: System, invs: Sequence[Any]) -> list[Obligation]:
                 (i.id,),
                 "unsat",
                 [ax, sys_.init(s, p), z3.Not(i.pred(s, p))],
-                lambda m, s=s: ["initial state: " + render(m, s.items()), params_line(m)],
+                show_initial,
                 why=f"an initial state violates {i.id}: {i.text}",
             )
         )

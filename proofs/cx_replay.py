@@ -175,6 +175,7 @@ def reaper_scenario(run: Run) -> str:
 
 def replay(case: Case, run: Run) -> Replayed:
     """Run ``case``'s schedule ``run`` on the real code."""
+    sends: list[float]
     if case.system is not None:
         text, sends = reaper_scenario(run), []
     else:

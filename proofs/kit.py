@@ -31,6 +31,8 @@ class Values:
     """Values by field name with attribute access (``v.deadline``): what a
     transition's guard and update see, concrete or symbolic."""
 
+    _v: dict[str, Any]
+
     def __init__(self, values: Mapping[str, Any]) -> None:
         self.__dict__["_v"] = dict(values)
 

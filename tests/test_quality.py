@@ -5,6 +5,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,12 +19,16 @@ def _tool(name: str) -> list[str]:
     return [exe]
 
 
-TARGETS = [p for p in ("leaseproto", "proofs", "tests", "benchmarks") if (ROOT / p).exists()]
+def _pyproject() -> dict[str, Any]:
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    data: dict[str, Any] = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    return data
 
 
 def test_ruff_format_clean() -> None:
+    # the whole tree, as a contributor runs it (Markdown is excluded in pyproject.toml)
     r = subprocess.run(
-        [*_tool("ruff"), "format", "--check", *TARGETS],
+        [*_tool("ruff"), "format", "--check", "."],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -34,14 +39,42 @@ def test_ruff_format_clean() -> None:
 
 def test_ruff_clean() -> None:
     r = subprocess.run(
-        [*_tool("ruff"), "check", *TARGETS], cwd=ROOT, capture_output=True, text=True, check=False
+        [*_tool("ruff"), "check", "."], cwd=ROOT, capture_output=True, text=True, check=False
     )
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+def test_ruff_is_the_pinned_version() -> None:
+    """Formatting changes between ruff releases: the one checked with is the test extra's."""
+    pins = [d for d in _pyproject()["project"]["optional-dependencies"]["test"] if "ruff" in d]
+    assert len(pins) == 1 and pins[0].startswith("ruff=="), pins
+    r = subprocess.run([*_tool("ruff"), "--version"], capture_output=True, text=True, check=True)
+    assert r.stdout.split() == ["ruff", pins[0].removeprefix("ruff==")], (r.stdout, pins)
+
+
 def test_mypy_strict_clean() -> None:
+    # plain `mypy`, as the pre-commit hook runs it: [tool.mypy] packages say what it checks
     r = subprocess.run([*_tool("mypy")], cwd=ROOT, capture_output=True, text=True, check=False)
     assert r.returncode == 0, r.stdout + r.stderr
+    checked = int(re.search(r"in (\d+) source files", r.stdout)[1])  # type: ignore[index]
+    assert checked > len(list((ROOT / "leaseproto").rglob("*.py"))), r.stdout
+
+
+def test_mypy_hook_reaches_every_folder_it_is_filtered_to() -> None:
+    """The pre-commit hook runs on changes under its ``files`` folders and runs
+    plain ``mypy``: each folder must be one [tool.mypy] checks (proofs/ was not)."""
+    yaml = pytest.importorskip("yaml")  # comes with pre-commit
+    hooks = [
+        h
+        for repo in yaml.safe_load((ROOT / ".pre-commit-config.yaml").read_text())["repos"]
+        for h in repo["hooks"]
+    ]
+    (hook,) = [h for h in hooks if h["id"] == "mypy"]
+    assert hook["entry"] == "mypy" and hook["pass_filenames"] is False
+    folders = re.fullmatch(r"\^\((.*)\)/", hook["files"])
+    assert folders is not None, hook["files"]
+    checked = _pyproject()["tool"]["mypy"]["packages"]
+    assert sorted(folders[1].split("|")) == sorted(checked)
 
 
 def test_readme_library_example_runs() -> None:
