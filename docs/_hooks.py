@@ -61,7 +61,18 @@ API: dict[str, tuple[str, tuple[str, ...]]] = {
         "leaseproto.scenarios",
         ("leaseproto.scenarios.format", "leaseproto.scenarios.replay"),
     ),
-    "api/vllm.md": ("leaseproto.integrations.vllm", ("leaseproto.integrations.vllm",)),
+    # the connector classes by their modules: the package loads them only on first access
+    # (its __getattr__), which the reference's static reading of the source never makes
+    "api/vllm.md": (
+        "leaseproto.integrations.vllm",
+        (
+            "leaseproto.integrations.vllm",
+            "leaseproto.integrations.vllm.connector",
+            "leaseproto.integrations.vllm.scheduler",
+            "leaseproto.integrations.vllm.worker",
+            "leaseproto.integrations.vllm.config",
+        ),
+    ),
 }
 
 #: Pages of ``docs/`` itself, in the order the navigation lists them after the specification.
@@ -113,6 +124,17 @@ def _pages() -> dict[str, tuple[str, str]]:
     return pages
 
 
+def _unfenced(text: str) -> str:
+    """``text`` without its fenced code blocks (a ``# comment`` there is no heading)."""
+    out, fenced = [], False
+    for line in text.splitlines():
+        if _FENCE.match(line):
+            fenced = not fenced
+        elif not fenced:
+            out.append(line)
+    return "\n".join(out)
+
+
 def _read(path: str) -> str:
     return (ROOT / path).read_text(encoding="utf-8")
 
@@ -129,10 +151,12 @@ def _rewrite(text: str, source: str, page: str, anchors: dict[str, str]) -> str:
         path, _, anchor = link.partition("#")
         if not path:  # an anchor on the same source file
             moved = anchors.get(anchor) if source == "README.md" else None
-            return link if moved is None or moved == page else posixpath.relpath(moved, here)
+            if moved is None or moved.partition("#")[0] == page:
+                return link
+            return _relative(moved, here)
         repo_path = posixpath.normpath(posixpath.join(src_dir, path))
         if repo_path == "README.md" and anchor in anchors:
-            return posixpath.relpath(anchors[anchor], here)
+            return _relative(anchors[anchor], here)
         site = {
             "spec/lease-protocol.md": "spec.md",
             "CHANGELOG.md": "changelog.md",
@@ -163,8 +187,22 @@ def on_config(config: Any) -> Any:
 
 
 def _readme_anchors() -> dict[str, str]:
-    """README's section anchors (``#running-workers``) -> the page each section became."""
-    return {_slug(t): f"guide/{_slug(t)}.md" for t, _ in readme_sections()[1]}
+    """README's anchors -> where they are on the site: a section's (``#running-workers``)
+    is the page it became, a heading's inside a section (``#trace-validation``) is on
+    that page (``guide/model-checking.md#trace-validation``)."""
+    anchors: dict[str, str] = {}
+    for t, body in readme_sections()[1]:
+        page = f"guide/{_slug(t)}.md"
+        anchors[_slug(t)] = page
+        for sub in re.findall(r"^#{3,6} (.+)$", _unfenced(body), flags=re.M):
+            anchors.setdefault(_slug(sub), f"{page}#{_slug(sub)}")
+    return anchors
+
+
+def _relative(target: str, here: str) -> str:
+    """``target`` (a page, maybe with ``#anchor``) as a link from the folder ``here``."""
+    page, _, inner = target.partition("#")
+    return posixpath.relpath(page, here) + (f"#{inner}" if inner else "")
 
 
 def on_files(files: Files, config: Any) -> Files:
