@@ -186,9 +186,10 @@ def test_prove_only_unknown_id_goes_to_stderr() -> None:
     assert_usage_error(r, "no obligation matches --only I99")
 
 
-def test_prove_without_the_test_extra() -> None:
+def test_prove_without_z3_names_the_prove_extra() -> None:
     r = run_cli("prove", block="z3")
-    assert_usage_error(r, "pip install 'leaseproto[test]'")
+    assert_usage_error(r, "pip install 'leaseproto[prove]'")
+    assert "leaseproto[test]" not in r.stderr
 
 
 def test_prove_labels_each_obligation_once() -> None:

@@ -28,7 +28,7 @@ EXTRA_OF = {
     "nixl": "nixl",
     "nixl_cu12": "nixl",
     "matplotlib": "plot",
-    "z3": "test",
+    "z3": "prove",
 }
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 __all__ = ["register"]
 
-_INSTALL = "install the test extra: pip install 'leaseproto[test]'"
+_INSTALL = "install the prove extra: pip install 'leaseproto[prove]'"
 
 
 def register(sub: Any) -> None:
