@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-for _mod in ("torch", "zmq", "msgpack", "prometheus_client"):
+for _mod in ("torch", "zmq", "msgspec", "prometheus_client"):
     pytest.importorskip(_mod)
 try:
     importlib.import_module("leaseproto.adapters.nixl").load_nixl()

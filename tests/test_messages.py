@@ -122,3 +122,38 @@ def test_router_answers_a_bad_generate_with_the_field() -> None:
         stop.set()
         t.join()
         router.close()
+
+
+# -- the bytes: one msgspec decoder -------------------------------------------------------
+def test_decode_round_trip_and_what_it_refuses() -> None:
+    from leaseproto.workers.plane import decode, encode
+
+    msg = {"op": "prefilled", "block_ids": [1, 2], "layout": {"heads": 2}, "x": b"\x00", "f": 0.5}
+    assert decode(encode(msg)) == msg
+    import msgspec
+
+    for data, why in [
+        (b"\xc1", "not msgpack"),  # a byte msgpack never uses
+        (encode({"op": "x"})[:-1], "not msgpack"),  # cut short
+        (msgspec.msgpack.encode([1, 2]), "expected a map with a string 'op'"),
+        (msgspec.msgpack.encode({1: "op"}), "expected a map with a string 'op'"),
+        (msgspec.msgpack.encode({"op": 5}), "expected a map with a string 'op'"),
+        (msgspec.msgpack.encode({"id": "a"}), "expected a map with a string 'op'"),
+    ]:
+        with pytest.raises(BadMessage, match=why):
+            decode(data)
+
+
+def test_the_request_plane_needs_no_msgpack_package() -> None:
+    """The serve extra no longer installs msgpack: msgspec reads and writes the bytes."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['msgpack'] = None\n"
+        "from leaseproto.workers import messages, plane\n"
+        "m = plane.decode(plane.encode({'op': 'generate', 'prompt': [1, 2], 'max_tokens': 3}))\n"
+        "assert messages.parse(m, messages.Generate).max_tokens == 3\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert r.returncode == 0, r.stderr

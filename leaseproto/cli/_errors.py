@@ -20,7 +20,6 @@ USAGE = 2
 #: The top-level module a ``pip install 'leaseproto[EXTRA]'`` provides.
 EXTRA_OF = {
     "zmq": "serve",
-    "msgpack": "serve",
     "msgspec": "serve",
     "prometheus_client": "serve",
     "rich": "serve",
