@@ -321,3 +321,29 @@ def test_plot_gives_every_policy_its_own_style_and_the_markers_theirs() -> None:
         assert lease.get_zorder() < capped.get_zorder()
     finally:
         plt.close(fig)
+
+
+def test_the_report_table_fits_80_columns_and_spreads_out_when_there_is_room() -> None:
+    """One table, drawn without rich: a policy's name wraps at its spaces only
+    when the columns would not fit otherwise."""
+    import io
+
+    from leaseproto.sim import compare, preset
+    from leaseproto.sim.report import print_report, table
+
+    comp = compare(preset("surge", duration=60.0), seed=0, keep_runs=False)
+    wide = table(comp, 200).splitlines()
+    assert wide[0].split() == ["fixed", "480s", "fixed", "30s", "lease", "lease+cap", "300s"]
+    assert set(wide[1]) == {"-", " "}  # the names took one line
+    narrow = table(comp, 70).splitlines()
+    assert all(len(ln) <= 70 for ln in narrow), narrow
+    # the widest names wrapped, the others kept whole, each ending on the line above the rule
+    assert narrow[0].split() == ["fixed", "lease+cap"]
+    assert narrow[1].split() == ["480s", "fixed", "30s", "lease", "300s"]
+    assert set(narrow[2]) == {"-", " "}
+    # the same rows, whatever the width
+    assert [ln.split() for ln in narrow[3:]] == [ln.split() for ln in wide[2:]]
+    out = io.StringIO()  # not a terminal: 80 columns
+    print_report(comp, out)
+    lines = out.getvalue().splitlines()
+    assert all(len(ln) <= 80 for ln in lines) and lines[-1].startswith("released: expired"), lines

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
+import shutil
+import textwrap
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TextIO
@@ -21,62 +22,44 @@ def _cell(value: object, fmt: str) -> str:
     return fmt.format(value)
 
 
-def table(comp: Comparison) -> str:
-    """The figures, one column per policy, one row per figure."""
+def table(comp: Comparison, width: int = 80) -> str:
+    """The figures, one column per policy, one row per figure, in ``width``
+    columns where it can: a policy's name wraps at its spaces when the table
+    is too wide for it on one line (``lease+cap`` over ``300s``)."""
     names = [f.policy for f in comp.figures]
     rows = [
         [label, *(_cell(getattr(f, attr), fmt) for f in comp.figures)]
         for attr, label, fmt in FIGURE_LABELS
     ]
-    widths = [max(len(r[k]) for r in [["", *names], *rows]) for k in range(len(names) + 1)]
+    label_w = max(len(r[0]) for r in rows)
+    figures_w = [max(len(r[k]) for r in rows) for k in range(1, len(names) + 1)]
+    widths = [max(w, len(n)) for w, n in zip(figures_w, names, strict=True)]
+    for k in sorted(range(len(names)), key=lambda k: -widths[k]):  # the widest names first
+        if label_w + sum(2 + w for w in widths) <= width:
+            break
+        widths[k] = max(figures_w[k], *(len(word) for word in names[k].split()))
+    heads = [textwrap.wrap(n, w) or [""] for n, w in zip(names, widths, strict=True)]
+    depth = max(len(h) for h in heads)
+    heads = [[""] * (depth - len(h)) + h for h in heads]  # names end on the rule's line
     lines = [
-        "  ".join(
-            [f"{'':<{widths[0]}}", *(f"{n:>{w}}" for n, w in zip(names, widths[1:], strict=True))]
-        )
+        ("  ".join([" " * label_w, *(f"{h[i]:>{w}}" for h, w in zip(heads, widths, strict=True))]))
+        for i in range(depth)
     ]
-    lines.append("  ".join("-" * w for w in widths))
-    for r in rows:
-        lines.append(
-            "  ".join(
-                [
-                    f"{r[0]:<{widths[0]}}",
-                    *(f"{c:>{w}}" for c, w in zip(r[1:], widths[1:], strict=True)),
-                ]
-            )
+    lines.append("  ".join("-" * w for w in [label_w, *widths]))
+    lines += [
+        "  ".join(
+            [f"{r[0]:<{label_w}}", *(f"{c:>{w}}" for c, w in zip(r[1:], widths, strict=True))]
         )
-    return "\n".join(lines)
+        for r in rows
+    ]
+    return "\n".join(line.rstrip() for line in lines)
 
 
 def print_report(comp: Comparison, out: TextIO) -> None:
-    """The header and the figures on ``out``: with ``rich`` (the ``serve`` extra)
-    fitted to the terminal's width (80 columns when not a terminal); without it,
-    :func:`header` and :func:`table` as they are."""
-    if importlib.util.find_spec("rich") is None:
-        out.write(header(comp) + "\n" + table(comp) + "\n")
-        return
-    from rich import box  # noqa: PLC0415
-    from rich.console import Console  # noqa: PLC0415
-    from rich.table import Table  # noqa: PLC0415
-    from rich.text import Text  # noqa: PLC0415
-
-    console = Console(file=out, highlight=False, markup=False)
-    t = Table(
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
-        show_edge=False,
-        header_style="",
-        padding=(0, 1, 0, 0),
-    )
-    t.add_column("", no_wrap=True)
-    for f in comp.figures:
-        t.add_column(f.policy, justify="right")
-    for attr, label, fmt in FIGURE_LABELS:
-        t.add_row(label, *(_cell(getattr(f, attr), fmt) for f in comp.figures))
-    with console.capture() as captured:
-        console.print(Text(header(comp)))
-        console.print(t)
-    for line in captured.get().splitlines():
-        out.write(line.rstrip() + "\n")
+    """The header and the figures on ``out``, fitted to the terminal's width (80
+    columns when ``out`` is not a terminal)."""
+    width = shutil.get_terminal_size().columns if out.isatty() else 80
+    out.write("\n".join([*textwrap.wrap(header(comp), width), table(comp, width)]) + "\n")
 
 
 def header(comp: Comparison) -> str:
