@@ -4,14 +4,15 @@
 from __future__ import annotations
 
 import argparse
-
-from leaseproto.cli._flag_types import positive_int
+from collections.abc import Callable
 
 TIMEOUT_MS = 20_000
 SYSTEMS = "lease, lease-cap, engine, table, gate, timing, timing-cap, timing-bounded, timing-reads"
 
 
-def add_arguments(ap: argparse.ArgumentParser) -> None:
+def add_arguments(ap: argparse.ArgumentParser, *, count: Callable[[str], int] = int) -> None:
+    """The options; ``count``: the argparse type of a count (``leaseproto prove``
+    passes the CLI's check for a whole number >= 1)."""
     ap.add_argument(
         "--only",
         metavar="ID",
@@ -36,7 +37,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     )
     ap.add_argument(
         "--timeout-ms",
-        type=positive_int,
+        type=count,
         default=TIMEOUT_MS,
         metavar="MS",
         help=f"z3 timeout per obligation (default {TIMEOUT_MS})",

@@ -7,6 +7,8 @@ import importlib
 import sys
 from typing import Any
 
+from ._flag_types import positive_int
+
 __all__ = ["register"]
 
 _INSTALL = "install the prove extra: pip install 'leaseproto[prove]'"
@@ -23,7 +25,8 @@ def register(sub: Any) -> None:
         "included. Needs z3-solver (" + _INSTALL + ").",
     )
     try:  # the options live with the proofs; importing them does not import z3
-        importlib.import_module("leaseproto.proofs.options").add_arguments(p)
+        options = importlib.import_module("leaseproto.proofs.options")
+        options.add_arguments(p, count=positive_int)
     except ImportError:  # pragma: no cover - a distribution without proofs/
         p.add_argument("rest", nargs="*", help=argparse.SUPPRESS)
     p.set_defaults(func=run)
