@@ -75,10 +75,16 @@ class _Backend:
 
 
 @contextlib.contextmanager
-def _running(p: str, d: str, backend: _Backend | None = None) -> Iterator[str]:
-    """A real router for P at ``p`` and D at ``d``, its loop (and the stand-ins')
-    in a thread; yields its address."""
-    r = Router(RouterOptions(prefill=[p], decode=d, metrics_port=None))
+def _running(
+    p: str, d: str, backend: _Backend | None = None, key: Path | None = None
+) -> Iterator[str]:
+    """A real router for P at ``p`` and D at ``d`` (with the cluster key in ``key``),
+    its loop (and the stand-ins') in a thread; yields its address."""
+    from leaseproto.workers.keys import load_cluster_key
+
+    opts = RouterOptions(prefill=[p], decode=d, metrics_port=None)
+    opts.cluster_key = load_cluster_key(key)
+    r = Router(opts)
     stop = threading.Event()
 
     def loop() -> None:
@@ -194,3 +200,27 @@ def test_read_requests_default_ids_are_line_numbers() -> None:
         ['{"prompt": [1]}', "", '{"prompt": [2], "id": 7}'], max_tokens=5, source="s"
     )
     assert [(r.id, r.prompt, r.max_tokens) for r in reqs] == [("f1", [1], 5), ("7", [2], 5)]
+
+
+def test_a_keyed_router_answers_only_with_its_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import os
+    import secrets
+
+    key = tmp_path / "cluster.key"
+    key.write_text(secrets.token_hex(32) + "\n")
+    os.chmod(key, 0o600)
+    with _running(f"tcp://127.0.0.1:{_free_port()}", "tcp://127.0.0.1:9", key=key) as address:
+        argv = ["generate", "--router", address, "--prompt", "1", "--connect-timeout", "3"]
+        assert main([*argv, "--cluster-key-file", str(key), "--connect-timeout", "6"]) == 1
+        out, err = capsys.readouterr()
+        # it got through: the router answered (it has no workers to send the request to)
+        assert out.startswith("p0: failed: not reachable: prefill rank 0"), (out, err)
+        assert main(argv) == 1  # without the key: no handshake, no answer
+        out, err = capsys.readouterr()
+        assert out == "" and "no answer from" in err and "--cluster-key-file" in err
+    short = tmp_path / "short.key"
+    short.write_text("x")
+    assert main([*argv, "--cluster-key-file", str(short)]) == 2
+    assert "cluster key file" in capsys.readouterr().err

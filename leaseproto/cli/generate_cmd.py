@@ -96,6 +96,13 @@ def register(sub: Any) -> None:
         help="give up on answers not in this long after sending",
     )
     p.add_argument(
+        "--cluster-key-file",
+        default=None,
+        metavar="PATH",
+        help="the cluster key file the router was started with (serve --cluster-key-file): "
+        "a keyed router answers no client without it",
+    )
+    p.add_argument(
         "--connect-timeout",
         type=positive_float,
         default=10.0,
@@ -160,7 +167,7 @@ def _requests(args: argparse.Namespace) -> list[Request]:
     return reqs
 
 
-def _connect(router: str, timeout: float) -> str | None:
+def _connect(router: str, timeout: float, curve: Any) -> str | None:
     """Wait for the router to answer and to have heard from its workers; why
     it did not (None: ready). A router that answers but is not ready by the
     timeout is still sent the requests: its answers name the missing workers."""
@@ -170,12 +177,13 @@ def _connect(router: str, timeout: float) -> str | None:
     while True:
         left = deadline - time.monotonic()
         try:
-            pong = call(router, {"op": "ping"}, timeout=max(0.1, min(left, 2.0)))
+            pong = call(router, {"op": "ping"}, timeout=max(0.1, min(left, 2.0)), curve=curve)
         except TimeoutError:
             if time.monotonic() >= deadline:
                 return (
                     f"no answer from {router} within {timeout:g} s: is a router "
-                    "(leaseproto serve router) listening there?"
+                    "(leaseproto serve router) listening there, and if it has a cluster key, "
+                    "is it the one of --cluster-key-file?"
                 )
             continue
         role = pong.get("role")
@@ -207,12 +215,17 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         return fail("generate", str(exc))
     from ..workers.client import RouterClient  # noqa: PLC0415 - pyzmq, on use
+    from ..workers.keys import curve, load_cluster_key  # noqa: PLC0415
 
-    problem = _connect(args.router, args.connect_timeout)
+    try:
+        keys = curve(load_cluster_key(args.cluster_key_file))
+    except ValueError as exc:
+        return fail("generate", str(exc))
+    problem = _connect(args.router, args.connect_timeout, keys)
     if problem is not None:
         print(f"leaseproto generate: {problem}", file=sys.stderr)
         return 1
-    client = RouterClient(args.router)
+    client = RouterClient(args.router, curve=keys)
     failed = 0
     try:
         for r in reqs:
