@@ -53,12 +53,14 @@ log = logging.getLogger("leaseproto.decode")
 class DecodeWorker(DecodeReads, DecodeLeases, EngineLoop):
     """Decode rank 0: schedules, heartbeats and decodes."""
 
-    def __init__(self, opts: DecodeOptions) -> None:
+    def __init__(self, opts: DecodeOptions, *, backend: KVBackend | None = None) -> None:
+        """``backend``: this rank's NIXL endpoint, pool and model (default: a
+        new :class:`KVBackend`; tests pass a stand-in)."""
         opts.validate()
         self.opts = opts
         self.config = opts.config
         self.tracker = HeartbeatTracker(opts.config)
-        self.backend = KVBackend(
+        self.backend = backend or KVBackend(
             opts, agent_name=f"decode-r0-{secrets.token_hex(3)}", role="decode", full_heads=True
         )
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
@@ -74,6 +76,7 @@ class DecodeWorker(DecodeReads, DecodeLeases, EngineLoop):
         self.running: dict[str, Req] = {}
         self.by_remote: dict[str, Req] = {}  # P's id -> request (for NACKs)
         self.engines: dict[str, Engine] = {}
+        self.greeted: set[str] = set()  # P agents that answered our hello (spec §7.4)
         self.counts = {
             "completed": 0,
             "recomputed": 0,
@@ -85,12 +88,17 @@ class DecodeWorker(DecodeReads, DecodeLeases, EngineLoop):
             "engines_dropped": 0,
             "late_first_heartbeats": 0,
             "verified_reads": 0,
+            "unverified_reads": 0,
             "verdicts_nk": 0,
             "verdict_timeouts": 0,
             "verdict_wait_us": 0,
             "lease_lost": 0,
+            "foreign_verdicts": 0,
+            "contradicting_requests": 0,
+            "handshake_timeouts": 0,
         }
         self.drops = DropLog(log)
+        self.notes = DropLog(log, prefix="")
         self.gate = NotificationGate(
             self.drops, max_bytes=opts.max_notification_in, known=self.backend.is_connected
         )
@@ -160,6 +168,12 @@ class DecodeWorker(DecodeReads, DecodeLeases, EngineLoop):
             self.drops.drop("request of a P engine with another cluster key", problem)
             self._refuse(envelope, req.req_id, f"refused P engine {req.engine_id}: {problem}")
             return
+        problem = self._contradiction(req)
+        if problem is not None:
+            self.counts["contradicting_requests"] += 1
+            self.drops.drop("decode message contradicting a greeted P engine", problem)
+            self._refuse(envelope, req.req_id, problem)
+            return
         problem = self._lease_mismatch(req)
         if problem is not None and self.opts.lease_mismatch == "refuse":
             self.counts["failed"] += 1
@@ -195,18 +209,14 @@ class DecodeWorker(DecodeReads, DecodeLeases, EngineLoop):
 
     def _engine(self, req: Req) -> Engine:
         """The P engine of ``req``; the first sight of an engine (or of new
-        agents for it, a restarted P) starts the handshake in the background."""
+        agents for it, a restarted P) starts the handshake in the background.
+        Decides whether ``req``'s reads wait for verdicts: yes if it advertised
+        ``leaseproto/1``, its engine is known to give verdicts, or one of its
+        agents greeted us; a request without the advert never turns it off."""
         agents = tuple(r.agent for r in req.ranks)
         engine = self.engines.get(req.engine_id)
         if engine is None or engine.agents != agents:
-            engine = Engine(
-                req.engine_id,
-                agents,
-                list(req.ranks),
-                verified=self.opts.policy == "lease"
-                and self.opts.verify_reads
-                and all(r.verdicts for r in req.ranks),
-            )
+            engine = Engine(req.engine_id, agents, list(req.ranks))
             for rank in req.ranks:  # ValueError: NIXL refuses the address; nothing kept
                 # keyed: P advertised our cluster key (checked at intake), seal for it
                 self.backend.connect(
@@ -218,7 +228,17 @@ class DecodeWorker(DecodeReads, DecodeLeases, EngineLoop):
                 )
             self.engines[req.engine_id] = engine
             self.followers.connect(req.ranks)
-            log.info("handshake started with P engine %s (%d ranks)", req.engine_id, len(req.ranks))
+            self.notes.drop(
+                "handshake started",
+                f"with P engine {req.engine_id} ({len(req.ranks)} ranks)",
+                level=logging.INFO,
+            )
+        req.verified = (
+            self.opts.policy == "lease"
+            and self.opts.verify_reads
+            and (req.ranks[0].verdicts or engine.verified or not self.greeted.isdisjoint(agents))
+        )
+        engine.verified |= req.verified
         return engine
 
     # -- fail-over ------------------------------------------------------------------------
@@ -245,11 +265,13 @@ class DecodeWorker(DecodeReads, DecodeLeases, EngineLoop):
         self.tracker.untrack(req.req_id)
         engine = self.engines.get(req.engine_id)
         if abort and engine is not None and not engine.lost:
-            for agent in engine.agents:
-                self.backend.send(agent, wire.encode_abort(req.remote_req_id))
+            for rank in req.ranks:
+                self.backend.send(rank.agent, wire.encode_abort(req.remote_req_id))
         for xfer in req.transfers:
             self.backend.release(xfer)
         req.transfers.clear()
+        if req.followers_pending:  # their reads end unfinished and unanswered
+            self.followers.abort(req.req_id)
         req.followers_pending.clear()
 
     def _abort_request(self, req_id: object) -> None:
@@ -301,7 +323,9 @@ class DecodeWorker(DecodeReads, DecodeLeases, EngineLoop):
                         req.blocks, req.num_tokens, req.start_token, req.max_tokens
                     )
                 except (ValueError, IndexError, RuntimeError) as exc:  # never stop the loop
-                    log.error("decode of req %s failed: %s", req.req_id, exc)
+                    self.notes.drop(
+                        "decode failed", f"req {req.req_id}: {exc}", level=logging.ERROR
+                    )
                     self._finish(req, ok=False, error=f"decode failed: {exc}")
                     continue
                 req.steps_left = req.max_tokens - 1

@@ -7,9 +7,14 @@ NACKs and lost P peers are forwarded to rank 0, which owns the scheduler and
 the heartbeats. One single-threaded loop, like every worker.
 
 Request-plane ops (from rank 0): ``connect {ranks}`` starts the handshake
-with P's ranks; ``read {req_id, remote_req_id, num_tokens, ranks}`` reads this
-rank's heads and answers ``read_done {req_id, kv}`` (the shard's bytes) or
-``read_failed {req_id, error}``.
+with P's ranks; ``read {req_id, remote_req_id, num_tokens, ranks, verify}``
+reads this rank's heads and answers ``read_done {req_id, kv}`` (the shard's
+bytes) or ``read_failed {req_id, error}``; ``abort {req_id}`` drops that read
+unfinished and unanswered (rank 0 no longer needs it).
+
+A read waits for the verdict of every P agent in ``verify`` (rank 0's
+decision for the request) and of every agent that ever answered this rank's
+hello: as on rank 0, a message can turn verification on, never off.
 """
 
 from __future__ import annotations
@@ -91,11 +96,17 @@ class Followers:
             "remote_req_id": req.remote_req_id,
             "num_tokens": req.num_tokens,
             "ranks": [r.as_msg() for r in req.ranks],
+            "verify": [r.agent for r in req.ranks] if req.verified else [],
         }
         for rank, peer in zip(self.ranks, self.peers, strict=True):
             if not peer.send(msg):
                 return rank
         return None
+
+    def abort(self, req_id: str) -> None:
+        """Tell every follower to drop its read of ``req_id`` (best effort)."""
+        for peer in self.peers:
+            peer.send({"op": "abort", "req_id": req_id})
 
     def poll(self) -> list[tuple[int, Msg | None]]:
         """Answers from the followers as ``(rank, message)``; ``None`` for a
@@ -137,10 +148,11 @@ class _Read:
 class DecodeFollower(EngineLoop):
     """Decode rank ``rank`` > 0 of a ``tp``-rank engine."""
 
-    def __init__(self, opts: DecodeOptions) -> None:
+    def __init__(self, opts: DecodeOptions, *, backend: KVBackend | None = None) -> None:
+        """``backend``: as for :class:`~.decode.DecodeWorker`."""
         opts.validate()
         self.opts = opts
-        self.backend = KVBackend(
+        self.backend = backend or KVBackend(
             opts, agent_name=f"decode-r{opts.rank}-{secrets.token_hex(3)}", role="decode"
         )
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
@@ -212,6 +224,8 @@ class DecodeFollower(EngineLoop):
                         self.verified_agents.add(rank.agent)
             elif op == "read":
                 self.waiting.append((envelope, msg))
+            elif op == "abort":
+                self._abort(str(msg.get("req_id")))
             elif not self.common_op(envelope, msg):
                 raise ValueError(f"unknown op {op!r}")
         except (ValueError, TypeError) as exc:
@@ -223,6 +237,14 @@ class DecodeFollower(EngineLoop):
                     envelope, {"op": "read_failed", "req_id": msg.get("req_id"), "error": str(exc)}
                 )
 
+    def _abort(self, req_id: str) -> None:
+        self.waiting = [(e, m) for e, m in self.waiting if str(m.get("req_id")) != req_id]
+        rd = self.reads.pop(req_id, None)
+        if rd is not None:
+            for x in rd.transfers:
+                self.backend.release(x)
+            self.backend.free(rd.blocks)
+
     def _start(self) -> None:
         while self.waiting:
             envelope, msg = self.waiting[0]
@@ -231,6 +253,7 @@ class DecodeFollower(EngineLoop):
                 ranks = [parse(r, RankParams) for r in msg.get("ranks", [])]
                 num_tokens = int(msg["num_tokens"])
                 remote = str(msg["remote_req_id"])
+                asked = {str(a) for a in msg.get("verify", [])}
                 # vLLM's n: how many D ranks notify each P rank
                 notif = wire.encode_transfer_done(
                     remote, max(1, self.opts.tp // max(1, len(ranks)))
@@ -242,7 +265,11 @@ class DecodeFollower(EngineLoop):
                     {"op": "read_failed", "req_id": req_id, "error": f"bad read request: {exc}"},
                 )
                 continue
-            verified = [r.agent for r in ranks if r.agent in self.verified_agents]
+            if self.opts.policy == "lease" and self.opts.verify_reads:
+                self.verified_agents.update(r.agent for r in ranks if r.agent in asked)
+            verified = [
+                r.agent for r in ranks if r.agent in self.verified_agents or r.agent in self.acked
+            ]
             if any(a not in self.acked for a in verified):
                 return  # the capability handshake with P is still running
             blocks = self.backend.alloc_for(num_tokens)
@@ -346,7 +373,8 @@ class DecodeFollower(EngineLoop):
         """Verdicts decide this rank's reads; LL and NACKs of an engine that
         gives no verdicts go to rank 0, which owns the scheduler."""
         if isinstance(msg, wire.Ok) and msg.req_id == wire.CAPABILITY:
-            self.acked.add(sender)
+            if sender in self.hello_sent:  # an answer to our hello
+                self.acked.add(sender)
             return
         rd = next((r for r in self.reads.values() if r.remote == _msg_id(msg)), None)
         if isinstance(msg, (wire.Ok, wire.Nack)) and rd is not None and sender in rd.verdicts_due:
@@ -359,9 +387,18 @@ class DecodeFollower(EngineLoop):
         elif isinstance(msg, wire.Nack):
             self.counts["nacks"] += 1
             self.metrics.nacks.inc()
-            self._to_leader({"op": "nack", "remote_req_id": msg.req_id, "reason": msg.reason})
+            self._to_leader(
+                {"op": "nack", "remote_req_id": msg.req_id, "reason": msg.reason, "agent": sender}
+            )
         elif isinstance(msg, wire.LeaseLost):
-            self._to_leader({"op": "lease_lost", "remote_req_id": msg.req_id, "reason": msg.reason})
+            self._to_leader(
+                {
+                    "op": "lease_lost",
+                    "remote_req_id": msg.req_id,
+                    "reason": msg.reason,
+                    "agent": sender,
+                }
+            )
 
     def describe(self) -> str:
         o = self.opts

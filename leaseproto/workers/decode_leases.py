@@ -15,7 +15,7 @@ from ..core import wire
 from ..core.peer import first_contact
 from .decode_state import Engine, Req
 from .decode_view import DecodeView
-from .notifications import DropLog, NotificationGate
+from .notifications import NotificationGate
 
 __all__ = ["DecodeLeases"]
 
@@ -28,7 +28,6 @@ class DecodeLeases(DecodeView):
     #: (P engine, its agents) -> why its lease settings do not fit ours, or None
     _lease_checked: dict[tuple[str, tuple[str, ...]], str | None]
     gate: NotificationGate
-    drops: DropLog
 
     def _kv_lost(self, req: Req, reason: str, *, abort: bool = False) -> None:
         raise NotImplementedError
@@ -102,11 +101,10 @@ class DecodeLeases(DecodeView):
             late = None if req is None else req.first_heartbeat(now)
             if req is not None and late is not None:
                 self.counts["late_first_heartbeats"] += 1
-                log.warning(
-                    "first heartbeat for req %s sent %.2f s after its initial lease "
-                    "ran out: P may already have freed its blocks",
-                    req.req_id,
-                    late,
+                self.notes.drop(
+                    "late first heartbeat",
+                    f"req {req.req_id}: sent {late:.2f} s after its initial lease ran out "
+                    "(P may already have freed its blocks)",
                 )
 
     def _peer_lost(self, agent: str, reason: str) -> None:
@@ -119,11 +117,9 @@ class DecodeLeases(DecodeView):
         self.counts["engines_dropped"] += 1
         self.metrics.engines_dropped.inc()
         dropped = set(self.tracker.drop_engine(engine.engine_id))
-        log.warning(
-            "P engine %s lost (%s): failing over %d requests",
-            engine.engine_id,
-            reason,
-            len(dropped),
+        self.notes.drop(
+            "P engine lost",
+            f"{engine.engine_id} ({reason}): failing over {len(dropped)} requests",
         )
         for req in [*self.waiting, *self.running.values()]:
             if req.engine_id == engine.engine_id and req.needs_remote_kv and not req.kv_in:
@@ -146,29 +142,28 @@ class DecodeLeases(DecodeView):
         self.counts["nacks"] += 1
         self.metrics.nacks.inc()
         req = self.by_remote.get(remote_req_id)
-        if req is not None and req.done and (req.recompute or not req.kv_in):
-            # answered from a local recompute (or failed): nothing read was used
-            log.info(
-                "NACK (%s) from %s for req %s after its answer, which did not use P's KV",
-                reason,
-                sender,
-                remote_req_id,
+        if req is None or (req.done and (req.recompute or not req.kv_in or req.verified)):
+            # forgotten, aborted, recomputed, failed, or used only after every OK
+            # (a duplicate answer): nothing used unverified
+            self.drops.drop(
+                "late NACK",
+                f"{reason} from {sender} for req {remote_req_id}, whose answer used no "
+                "unverified KV",
+                level=logging.INFO,
             )
             return
-        if req is None or req.done:
+        if req.done:
             self.counts["nack_after_answer"] += 1
-            log.error(
-                "NACK (%s) from %s for req %s after its answer was sent: that answer may be wrong",
-                reason,
-                sender,
-                remote_req_id,
+            self.drops.drop(
+                "NACK after an unverified answer",
+                f"{reason} from {sender} for req {req.req_id}: that answer may be wrong",
+                level=logging.ERROR,
             )
             return
-        log.warning(
-            "NACK from %s: the lease of req %s had %s before the read; discarding what was read",
-            sender,
-            remote_req_id,
-            reason,
+        self.notes.drop(
+            "NACK",
+            f"from {sender}: the lease of req {remote_req_id} had {reason} before the read; "
+            "discarding what was read",
         )
         self._kv_lost(req, f"NACK: lease {reason} before the read")
 
@@ -187,17 +182,16 @@ class DecodeLeases(DecodeView):
         )
         self._lease_checked[key] = problem
         if warning is not None:
-            log.warning("P engine %s: %s", req.engine_id, warning)
+            self.notes.drop("P engine lease settings", f"{req.engine_id}: {warning}")
         if problem is not None:
             action = (
                 "refusing its requests"
                 if self.opts.lease_mismatch == "refuse"
                 else "serving it anyway (--lease-mismatch warn)"
             )
-            log.error(
-                "lease settings of P engine %s do not fit ours: %s; %s",
-                req.engine_id,
-                problem,
-                action,
+            self.notes.drop(
+                "lease settings that do not fit ours",
+                f"P engine {req.engine_id}: {problem}; {action}",
+                level=logging.ERROR,
             )
         return problem

@@ -15,9 +15,17 @@ request is recomputed locally (or fails, ``on_kv_loss="error"``).
 Before its first read from a P that advertised, D says it understands
 verdicts (a heartbeat naming the capability token, ``HB:leaseproto/1``, which
 a stock P ignores as an unknown id); P acknowledges with ``OK:leaseproto/1``,
-and reads from that engine start after the acknowledgement. Against a P that
-did not advertise, D uses reads unverified, as stock vLLM does, and logs that
-once per engine.
+and reads from that engine start after the acknowledgement (an agent silent
+for :func:`verdict_wait` after its first hello is given up on: the requests
+waiting for it are recomputed). Against a P that did not advertise, D uses
+reads unverified, as stock vLLM does, and logs that once per engine.
+
+Who may say what (spec §7.4, §10.2). Whether a request's reads wait for
+verdicts is decided per request at intake (:mod:`.decode`): a message can
+turn verification on, never off, so once a P agent greeted us every read
+from it waits for its OK. A verdict or ``LL`` counts only from a P agent the
+request reads from; from anyone else it is counted (``foreign_verdicts``),
+logged at most once a second, and ignored.
 
 An ``LL`` (P no longer holds a lease a heartbeat named) is advisory: a
 request still waiting gives up early and recomputes; one whose READ has
@@ -32,7 +40,7 @@ from typing import TYPE_CHECKING
 from ..adapters.kv_pool import LayoutError
 from ..core import wire
 from .decode_follower import Followers
-from .decode_state import Req, hello, verdict_wait
+from .decode_state import Engine, Req, hello, verdict_wait
 from .decode_view import DecodeView
 from .plane import Msg
 
@@ -55,37 +63,85 @@ class DecodeReads(DecodeView):
 
         def _nack(self, remote_req_id: str, reason: str, sender: str) -> None: ...
 
+        def _engine_lost(self, engine: Engine, reason: str) -> None: ...
+
     # -- the capability handshake ---------------------------------------------------------
     def _hellos(self) -> None:
-        """Tell each connected P rank that advertised that we understand
-        verdicts, until it acknowledges (again every heartbeat interval)."""
+        """Tell each connected P rank of an engine that gives verdicts that we
+        understand them, until it acknowledges (again every heartbeat interval)."""
         now = self._clock()
         for engine in self.engines.values():
             if engine.lost or not engine.verified:
                 continue
             for agent in engine.agents:
-                if agent in engine.acked or not self.backend.is_connected(agent):
+                if agent in self.greeted or not self.backend.is_connected(agent):
                     continue
                 if now - engine.hello_sent.get(agent, -1e18) < self.config.heartbeat_interval:
                     continue
                 engine.hello_sent[agent] = now
+                engine.hello_first.setdefault(agent, now)
                 self.backend.send(agent, hello())
+
+    def _probe(self, engine: Engine) -> None:
+        """Whether ``engine``'s agents are still there (a hello each, at most
+        once per heartbeat interval): one that cannot be sent to loses the
+        engine (a restarted P's new agents are then taken)."""
+        now = self._clock()
+        for agent in engine.agents:
+            if now - engine.hello_sent.get(agent, -1e18) < self.config.heartbeat_interval:
+                continue
+            engine.hello_sent[agent] = now
+            if not self.backend.send(agent, hello()):
+                self._engine_lost(engine, f"hello to {agent} could not be sent")
+                return
+
+    def _contradiction(self, req: Req) -> str | None:
+        """Why ``req`` cannot be taken for a P engine that greeted us: its ranks
+        name other agents or addresses than the ones that greeted (spec §10.2;
+        a forged ``decode`` message, or a restarted P not yet noticed: its old
+        agents are probed, and once they are gone its new ones are taken)."""
+        engine = self.engines.get(req.engine_id)
+        if engine is None or engine.lost or not self.greeted.intersection(engine.agents):
+            return None
+        problem = engine.contradiction(req.ranks)
+        if problem is None:
+            return None
+        self._probe(engine)
+        if engine.lost:
+            return None  # it was a restart: the new agents replace the lost ones
+        return (
+            f"refused: P engine {req.engine_id} greeted {wire.CAPABILITY} from other agents "
+            f"and is still connected, but {problem}"
+        )
 
     def _ready_to_read(self, req: Req) -> bool:
         engine = self.engines.get(req.engine_id)
-        if engine is None or not all(self.backend.is_connected(a) for a in engine.agents):
+        agents = [r.agent for r in req.ranks]
+        if engine is None or not all(self.backend.is_connected(a) for a in agents):
             return False
-        if not engine.verified:
+        if not req.verified:
             if not engine.unverified_logged:
                 engine.unverified_logged = True
-                log.warning(
-                    "P engine %s did not advertise %s: its reads are used unverified "
-                    "(stock vLLM behaviour; a read of freed blocks would go unnoticed)",
-                    engine.engine_id,
-                    wire.CAPABILITY,
+                self.notes.drop(
+                    "unverified reads",
+                    f"P engine {engine.engine_id} did not advertise {wire.CAPABILITY}: its "
+                    "reads are used unverified (stock vLLM behaviour; a read of freed "
+                    "blocks would go unnoticed)",
                 )
             return True
-        return all(a in engine.acked for a in engine.agents)
+        silent = [a for a in agents if a not in self.greeted]
+        if not silent:
+            return True
+        now, wait = self._clock(), verdict_wait(self.config)
+        late = [a for a in silent if now - engine.hello_first.get(a, now) > wait]
+        if late:
+            self.counts["handshake_timeouts"] += 1
+            self.drops.drop(
+                "P agent silent to our hello",
+                f"{late[0]} did not answer {wire.CAPABILITY} within {wait:g} s",
+            )
+            self._kv_lost(req, f"P agent {late[0]} did not answer {wire.CAPABILITY}", abort=True)
+        return False
 
     # -- reads ----------------------------------------------------------------------------
     def _start_reads(self, req: Req) -> None:
@@ -101,8 +157,6 @@ class DecodeReads(DecodeView):
             self._malformed(f"transfer parameters of req {req.req_id}: {exc}")
             self._kv_lost(req, f"unusable transfer parameters: {exc}", abort=True)
             return
-        engine = self.engines.get(req.engine_id)
-        req.verified = engine is not None and engine.verified
         for rank, local, remote in plan:
             req.transfers.append(self.backend.read(rank.agent, local, remote, notif_msg=notif))
             if req.verified:
@@ -154,6 +208,7 @@ class DecodeReads(DecodeView):
             self.metrics.verdict_wait.observe(waited)
             self.counts["verdict_wait_us"] += round(waited * 1e6)
         else:
+            self.counts["unverified_reads"] += 1
             self.metrics.verdicts.labels(verdict="unverified").inc()
         self.backend.trace.emit(
             "use", req=req.req_id, remote=req.remote_req_id, ok_from=req.ok_from
@@ -166,23 +221,40 @@ class DecodeReads(DecodeView):
         wait = verdict_wait(self.config)
         self.counts["verdict_timeouts"] += 1
         self.metrics.verdicts.labels(verdict="timeout").inc()
-        log.warning(
-            "req %s: no verdict from %s within %.2f s of its READ: discarding what was read",
-            req.req_id,
-            ", ".join(sorted(req.verdicts_due)),
-            wait,
+        self.notes.drop(
+            "no verdict",
+            f"req {req.req_id}: none from {', '.join(sorted(req.verdicts_due))} within "
+            f"{wait:.2f} s of its READ: discarding what was read",
         )
         self._kv_lost(req, f"no verdict within {wait:g} s of the READ")
 
     # -- what P says ----------------------------------------------------------------------
+    def _foreign(self, req: Req, agent: str, what: str) -> bool:
+        """Whether ``agent`` is none of the P agents ``req`` reads from, so
+        what it said about ``req`` does not count (counted, logged at most
+        once a second)."""
+        if any(r.agent == agent for r in req.ranks):
+            return False
+        self.counts["foreign_verdicts"] += 1
+        self.drops.drop(
+            "verdict from an agent the request does not read from",
+            f"{what} for req {req.req_id} from {agent}",
+        )
+        return True
+
     def _verdict(self, sender: str, msg: wire.Ok | wire.Nack) -> None:
         """A verdict for one of our transfer-dones (rank 0's own reads)."""
         if isinstance(msg, wire.Ok) and msg.req_id == wire.CAPABILITY:
-            for engine in self.engines.values():  # the handshake's acknowledgement
-                if sender in engine.agents:
-                    engine.acked.add(sender)
+            # the handshake's acknowledgement, from an agent we sent a hello
+            if any(sender in e.hello_sent for e in self.engines.values()):
+                self.greeted.add(sender)
+            else:
+                self.counts["foreign_verdicts"] += 1
+                self.drops.drop("unasked capability answer", f"from {sender}")
             return
         req = self.by_remote.get(msg.req_id)
+        if req is not None and self._foreign(req, sender, type(msg).__name__):
+            return
         if req is None or req.done or sender not in req.verdicts_due:
             if isinstance(msg, wire.Nack):
                 self._nack(msg.req_id, msg.reason, sender)  # logged and counted there
@@ -195,12 +267,10 @@ class DecodeReads(DecodeView):
         self.counts["nacks"] += 1
         self.metrics.nacks.inc()
         self.metrics.verdicts.labels(verdict="nk").inc()
-        log.warning(
-            "NK (%s) from %s for req %s: its lease had ended when P handled the "
-            "transfer-done; discarding what was read",
-            msg.reason,
-            sender,
-            req.req_id,
+        self.notes.drop(
+            "NK",
+            f"({msg.reason}) from {sender} for req {req.req_id}: its lease had ended when P "
+            "handled the transfer-done; discarding what was read",
         )
         self._kv_lost(req, f"NK: lease {msg.reason} before the read was confirmed")
 
@@ -208,18 +278,19 @@ class DecodeReads(DecodeView):
         """Advisory: P no longer holds a lease a heartbeat named. A request that
         has not started reading gives up early; one reading waits for its
         verdict."""
+        req = self.by_remote.get(remote_req_id)
+        if req is not None and self._foreign(req, sender, "LL"):
+            return
         self.counts["lease_lost"] += 1
         self.counts["nacks"] += 1
         self.metrics.nacks.inc()
-        req = self.by_remote.get(remote_req_id)
         if req is None or req.done or req.state != "waiting" or not req.needs_remote_kv:
             log.debug("LL (%s) from %s for req %s: ignored", reason, sender, remote_req_id)
             return
-        log.warning(
-            "LL from %s: P no longer holds the lease of req %s (%s); recomputing before any read",
-            sender,
-            req.req_id,
-            reason,
+        self.notes.drop(
+            "LL",
+            f"from {sender}: P no longer holds the lease of req {req.req_id} ({reason}); "
+            "recomputing before any read",
         )
         self._kv_lost(req, f"LL: lease {reason} before the read")
 
@@ -245,9 +316,14 @@ class DecodeReads(DecodeView):
         elif op == "read_failed" and req is not None and rank in req.followers_pending:
             self.metrics.transfers.labels(outcome="failed").inc()
             self._kv_lost(req, f"decode rank {rank}: {msg.get('error')}", abort=True)
-        elif op == "nack":
-            self._nack(str(msg.get("remote_req_id")), str(msg.get("reason")), f"rank {rank}")
-        elif op == "lease_lost":
-            self._lease_lost(f"rank {rank}", str(msg.get("remote_req_id")), str(msg.get("reason")))
+        elif op in ("nack", "lease_lost"):  # from a P agent, through that rank
+            remote, reason, agent = (str(msg.get(k)) for k in ("remote_req_id", "reason", "agent"))
+            req = self.by_remote.get(remote)
+            if req is not None and self._foreign(req, agent, f"{op} via decode rank {rank}"):
+                return
+            if op == "nack":
+                self._nack(remote, reason, agent)
+            else:
+                self._lease_lost(agent, remote, reason)
         elif op == "peer_lost":
             self._peer_lost(str(msg.get("agent")), str(msg.get("reason")))

@@ -86,12 +86,27 @@ class Engine:
     agents: tuple[str, ...]
     ranks: list[RankParams]
     lost: str = ""
-    #: every rank advertised ``leaseproto/1``: reads wait for verdicts
+    #: its reads wait for verdicts: a request for it advertised ``leaseproto/1``
+    #: or one of its agents greeted us (spec §7.4); no message turns this off
     verified: bool = False
-    #: ranks that acknowledged our capability (reads start after all have)
-    acked: set[str] = field(default_factory=set)
     hello_sent: dict[str, float] = field(default_factory=dict)
+    #: when each agent got its first hello (D gives up on one silent for the verdict bound)
+    hello_first: dict[str, float] = field(default_factory=dict)
     unverified_logged: bool = False
+
+    def contradiction(self, ranks: list[RankParams]) -> str | None:
+        """Why a request's ``ranks`` do not describe this engine as D knows it
+        (other agents, or an agent at another rank or address), or None."""
+        agents = [r.agent for r in ranks]
+        if tuple(agents) != self.agents:
+            return f"its ranks name agents {agents}, not {list(self.agents)}"
+        for mine, theirs in zip(self.ranks, ranks, strict=True):
+            if (mine.host, mine.nixl_port) != (theirs.host, theirs.nixl_port):
+                return (
+                    f"P rank {theirs.rank} ({theirs.agent}) is at {theirs.host}:"
+                    f"{theirs.nixl_port}, not {mine.host}:{mine.nixl_port}"
+                )
+        return None
 
 
 @dataclass(eq=False)
@@ -138,7 +153,8 @@ class Req:
 
     transfers: list[Transfer] = field(default_factory=list)
     followers_pending: set[int] = field(default_factory=set)
-    #: reads of this request wait for verdicts (the engine advertised them)
+    #: reads of this request wait for verdicts (decided at intake: it advertised
+    #: ``leaseproto/1``, or its engine or one of its P agents is known to give them)
     verified: bool = False
     #: P ranks (agents) whose verdict on rank 0's reads is still awaited
     verdicts_due: set[str] = field(default_factory=set)
@@ -163,6 +179,10 @@ class Req:
             r.tp != len(ranks) for r in ranks
         ):
             raise ValueError("transfer parameters must name every P rank exactly once")
+        if len({r.verdicts for r in ranks}) > 1:  # one P engine: one setting on every rank
+            raise ValueError(
+                f"transfer parameters: some P ranks advertise {wire.CAPABILITY}, some do not"
+            )
         need = -(-len(m.prompt) // block_size)
         for r in ranks:
             if len(r.block_ids) != need:

@@ -11,6 +11,7 @@ from ..core.config import LeaseConfig
 from ..core.tracker import HeartbeatTracker
 from .decode_state import DecodeOptions, Engine, Req
 from .metrics import DecodeMetrics
+from .notifications import DropLog
 
 if TYPE_CHECKING:
     from .backend import KVBackend
@@ -28,10 +29,16 @@ class DecodeView:
     backend: KVBackend
     metrics: DecodeMetrics
     engines: dict[str, Engine]
+    #: P agents that answered our hello with ``OK:leaseproto/1``: their reads
+    #: are verified from then on, whatever a request-plane message says
+    greeted: set[str]
     by_remote: dict[str, Req]
     waiting: Iterable[Req]
     running: dict[str, Req]
     counts: dict[str, int]
+    drops: DropLog
+    #: the other log lines a peer or client can trigger, rate-limited alike
+    notes: DropLog
 
     def _clock(self) -> float:
         raise NotImplementedError

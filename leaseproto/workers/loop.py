@@ -15,7 +15,7 @@ from ..core.config import LeaseConfig
 from ..core.mac import FRAME_OVERHEAD, ClusterKey
 from ..core.wire import MAX_ID_BYTES, VERDICT_OVERHEAD
 from .keys import load_cluster_key
-from .notifications import MAX_INCOMING_BYTES
+from .notifications import MAX_INCOMING_BYTES, DropLog
 from .plane import Msg, Server
 
 __all__ = ["IDLE_WAIT_S", "PENDING_WAIT_S", "EngineLoop", "RankOptions"]
@@ -117,6 +117,8 @@ class EngineLoop:
     _stop: bool = False
     #: leave the loop when this process's parent is no longer this pid
     parent_pid: int | None = None
+    #: the rate-limited log of refused request-plane ops (made at the first)
+    _refused: DropLog | None = None
 
     def step(self) -> None:
         raise NotImplementedError
@@ -165,7 +167,9 @@ class EngineLoop:
         elif op == "stats":
             self.server.reply(envelope, {"op": "stats", **self.stats()})
         elif op == "stop":  # not from the network: a signal stops a worker
-            log.warning("refused a request-plane 'stop': send SIGTERM to pid %d", os.getpid())
+            if self._refused is None:
+                self._refused = DropLog(log)
+            self._refused.drop("request-plane 'stop'", f"send SIGTERM to pid {os.getpid()}")
             self.server.reply(
                 envelope,
                 {"op": "error", "error": "stop is not a request-plane op: send SIGTERM"},

@@ -39,7 +39,8 @@ MAX_INCOMING_BYTES = 64 * 1024
 
 
 class DropLog:
-    """Rate-limited warnings about dropped input."""
+    """Rate-limited warnings about dropped input (``prefix`` begins each line:
+    ``""`` for a log of other lines a peer or client can trigger)."""
 
     def __init__(
         self,
@@ -48,8 +49,10 @@ class DropLog:
         interval: float = 1.0,
         max_detail: int = 160,
         clock: Callable[[], float] = time.monotonic,
+        prefix: str = "dropped ",
     ) -> None:
         self.log = logger
+        self.prefix = prefix
         self.interval = interval
         self.max_detail = max_detail
         self.clock = clock
@@ -61,9 +64,9 @@ class DropLog:
             return text
         return f"{text[: self.max_detail]}... ({len(text)} characters)"
 
-    def drop(self, kind: str, detail: str) -> None:
-        """Note one dropped item of ``kind``; log it unless one was logged
-        less than ``interval`` ago."""
+    def drop(self, kind: str, detail: str, *, level: int = logging.WARNING) -> None:
+        """Note one dropped item of ``kind``; log it (at ``level``) unless one
+        was logged less than ``interval`` ago."""
         now = self.clock()
         last = self._last.get(kind)
         if last is not None and now - last < self.interval:
@@ -71,7 +74,7 @@ class DropLog:
             return
         self.flush(force=True, kinds=(kind,))
         self._last[kind] = now
-        self.log.warning("dropped %s: %s", kind, self._short(detail))
+        self.log.log(level, "%s%s: %s", self.prefix, kind, self._short(detail))
 
     def flush(self, *, force: bool = False, kinds: tuple[str, ...] | None = None) -> None:
         """Write the summaries that are due (all of them with ``force``)."""
@@ -82,7 +85,9 @@ class DropLog:
                 continue
             last = self._last.get(kind, now)
             if force or now - last >= self.interval:
-                self.log.warning("dropped %d more (%s) in the last %.1f s", n, kind, now - last)
+                self.log.warning(
+                    "%s%d more (%s) in the last %.1f s", self.prefix, n, kind, now - last
+                )
                 self._suppressed[kind] = 0
                 self._last[kind] = now
 
