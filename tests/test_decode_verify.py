@@ -256,6 +256,35 @@ def test_a_contradicting_message_is_refused_once_p_greeted(d: Harness) -> None:
     assert d.req(legit).verified and legit not in d.answers
 
 
+def test_a_contradicting_message_before_the_greeting_is_verified(d: Harness) -> None:
+    """Before P greeted, a message that renames the engine's ranks replaces
+    D's record of them, but not what D verifies: both the legitimate request
+    and the forged one wait for P's verdicts, and P's hello still goes out."""
+    legit = d.submit(decode_msg([rank()]))
+    doubled = [rank(advert=False, tp=2), rank(advert=False, r=1, tp=2)]
+    forged = d.submit(decode_msg(doubled))
+    assert d.req(legit).verified and d.req(forged).verified
+    d.step()
+    d.greet()
+    d.finish_reads()
+    assert d.req(legit).state == "verifying" and d.req(forged).state == "verifying"
+    assert d.worker.stats()["unverified_reads"] == 0
+
+
+def test_a_restarted_p_is_taken_once_its_old_agent_is_gone(d: Harness) -> None:
+    d.submit(decode_msg([rank()]))
+    d.step()
+    d.greet()
+    new = "prefill-r0-bbbbbb"
+    alive = d.submit(decode_msg([rank(new)]))
+    assert "still answers" in d.answers[alive]["error"]  # the old agent answers
+    d.backend.connected.discard(P_AGENT)  # P restarted: its old agent is gone
+    restarted = d.submit(decode_msg([rank(new)]))
+    assert restarted not in d.answers, d.answers.get(restarted)
+    assert d.req(restarted).verified
+    assert d.worker.engines[P_ENGINE].agents == (new,)
+
+
 def test_mixed_adverts_in_one_message_are_refused(d: Harness) -> None:
     mixed = d.submit(decode_msg([rank(tp=2), rank(advert=False, r=1, tp=2)]))
     assert not d.answers[mixed]["ok"]

@@ -38,7 +38,7 @@ from .backend import KVBackend
 from .decode_follower import Followers
 from .decode_leases import DecodeLeases
 from .decode_reads import DecodeReads
-from .decode_state import DecodeOptions, Engine, Req
+from .decode_state import DecodeOptions, Engine, PAgent, Req
 from .keys import curve, key_mismatch
 from .loop import IDLE_WAIT_S, PENDING_WAIT_S, EngineLoop
 from .metrics import DecodeMetrics, stats_dict
@@ -76,7 +76,8 @@ class DecodeWorker(DecodeReads, DecodeLeases, EngineLoop):
         self.running: dict[str, Req] = {}
         self.by_remote: dict[str, Req] = {}  # P's id -> request (for NACKs)
         self.engines: dict[str, Engine] = {}
-        self.greeted: set[str] = set()  # P agents that answered our hello (spec §7.4)
+        self.verdict_agents: dict[str, PAgent] = {}
+        self.verdict_engines: set[str] = set()
         self.counts = {
             "completed": 0,
             "recomputed": 0,
@@ -210,9 +211,7 @@ class DecodeWorker(DecodeReads, DecodeLeases, EngineLoop):
     def _engine(self, req: Req) -> Engine:
         """The P engine of ``req``; the first sight of an engine (or of new
         agents for it, a restarted P) starts the handshake in the background.
-        Decides whether ``req``'s reads wait for verdicts: yes if it advertised
-        ``leaseproto/1``, its engine is known to give verdicts, or one of its
-        agents greeted us; a request without the advert never turns it off."""
+        Then decides whether ``req``'s reads wait for verdicts (:meth:`_decide`)."""
         agents = tuple(r.agent for r in req.ranks)
         engine = self.engines.get(req.engine_id)
         if engine is None or engine.agents != agents:
@@ -233,12 +232,7 @@ class DecodeWorker(DecodeReads, DecodeLeases, EngineLoop):
                 f"with P engine {req.engine_id} ({len(req.ranks)} ranks)",
                 level=logging.INFO,
             )
-        req.verified = (
-            self.opts.policy == "lease"
-            and self.opts.verify_reads
-            and (req.ranks[0].verdicts or engine.verified or not self.greeted.isdisjoint(agents))
-        )
-        engine.verified |= req.verified
+        self._decide(req)
         return engine
 
     # -- fail-over ------------------------------------------------------------------------

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 from ..adapters.kv_pool import LayoutError
 from ..core import wire
 from .decode_follower import Followers
-from .decode_state import Engine, Req, hello, verdict_wait
+from .decode_state import PAgent, Req, hello, verdict_wait
 from .decode_view import DecodeView
 from .plane import Msg
 
@@ -63,56 +63,73 @@ class DecodeReads(DecodeView):
 
         def _nack(self, remote_req_id: str, reason: str, sender: str) -> None: ...
 
-        def _engine_lost(self, engine: Engine, reason: str) -> None: ...
-
     # -- the capability handshake ---------------------------------------------------------
     def _hellos(self) -> None:
-        """Tell each connected P rank of an engine that gives verdicts that we
-        understand them, until it acknowledges (again every heartbeat interval)."""
+        """Tell each connected P agent whose reads we verify that we understand
+        verdicts, until it acknowledges (again every heartbeat interval)."""
         now = self._clock()
-        for engine in self.engines.values():
-            if engine.lost or not engine.verified:
+        for agent, known in self.verdict_agents.items():
+            if known.greeted or not self.backend.is_connected(agent):
                 continue
-            for agent in engine.agents:
-                if agent in self.greeted or not self.backend.is_connected(agent):
-                    continue
-                if now - engine.hello_sent.get(agent, -1e18) < self.config.heartbeat_interval:
-                    continue
-                engine.hello_sent[agent] = now
-                engine.hello_first.setdefault(agent, now)
-                self.backend.send(agent, hello())
+            if now - known.hello_last >= self.config.heartbeat_interval:
+                self._hello(agent, known, now)
 
-    def _probe(self, engine: Engine) -> None:
-        """Whether ``engine``'s agents are still there (a hello each, at most
-        once per heartbeat interval): one that cannot be sent to loses the
-        engine (a restarted P's new agents are then taken)."""
-        now = self._clock()
-        for agent in engine.agents:
-            if now - engine.hello_sent.get(agent, -1e18) < self.config.heartbeat_interval:
-                continue
-            engine.hello_sent[agent] = now
-            if not self.backend.send(agent, hello()):
-                self._engine_lost(engine, f"hello to {agent} could not be sent")
-                return
+    def _hello(self, agent: str, known: PAgent, now: float) -> bool:
+        known.hello_last = now
+        if known.hello_first is None:
+            known.hello_first = now
+        return self.backend.send(agent, hello())
+
+    def _decide(self, req: Req) -> None:
+        """Whether ``req``'s reads wait for verdicts: yes if it advertised
+        ``leaseproto/1``, or its engine or one of its agents is known to give
+        verdicts. A request can turn verification on, never off."""
+        req.verified = (
+            self.opts.policy == "lease"
+            and self.opts.verify_reads
+            and (
+                req.ranks[0].verdicts
+                or req.engine_id in self.verdict_engines
+                or any(r.agent in self.verdict_agents for r in req.ranks)
+            )
+        )
+        if req.verified:
+            self.verdict_engines.add(req.engine_id)
+            for r in req.ranks:
+                self.verdict_agents.setdefault(r.agent, PAgent.at(req.engine_id, r))
 
     def _contradiction(self, req: Req) -> str | None:
-        """Why ``req`` cannot be taken for a P engine that greeted us: its ranks
-        name other agents or addresses than the ones that greeted (spec §10.2;
-        a forged ``decode`` message, or a restarted P not yet noticed: its old
-        agents are probed, and once they are gone its new ones are taken)."""
-        engine = self.engines.get(req.engine_id)
-        if engine is None or engine.lost or not self.greeted.intersection(engine.agents):
-            return None
-        problem = engine.contradiction(req.ranks)
-        if problem is None:
-            return None
-        self._probe(engine)
-        if engine.lost:
-            return None  # it was a restart: the new agents replace the lost ones
-        return (
-            f"refused: P engine {req.engine_id} greeted {wire.CAPABILITY} from other agents "
-            f"and is still connected, but {problem}"
-        )
+        """Why ``req`` cannot be taken (spec §10.2): it places an agent that
+        greeted us elsewhere (another engine, rank or address), or names
+        another agent for a rank of an engine whose agent there greeted us and
+        still answers (a forged ``decode`` message; a restarted P's old agent
+        is probed, and once it is gone its new agents are taken)."""
+        for r in req.ranks:
+            known = self.verdict_agents.get(r.agent)
+            if known is not None and known.greeted:
+                problem = known.misplaced(req.engine_id, r)
+                if problem is not None:
+                    return f"refused: {problem} (it greeted {wire.CAPABILITY})"
+        by_rank = {r.rank: r.agent for r in req.ranks}
+        now = self._clock()
+        for agent, known in list(self.verdict_agents.items()):
+            if not known.greeted or known.engine_id != req.engine_id:
+                continue
+            if by_rank.get(known.rank) == agent and len(req.ranks) == known.tp:
+                continue
+            lost = not self.backend.is_connected(agent) or (
+                now - known.hello_last >= self.config.heartbeat_interval
+                and not self._hello(agent, known, now)
+            )
+            if not lost:
+                return (
+                    f"refused: rank {known.rank}/{known.tp} of P engine {req.engine_id} is "
+                    f"agent {agent}, which greeted {wire.CAPABILITY} and still answers; "
+                    f"this request names {by_rank.get(known.rank)} of {len(req.ranks)} ranks"
+                )
+            del self.verdict_agents[agent]  # a restarted P: its new agents replace it
+            self._peer_lost(agent, "gone: a request names another agent for its rank")
+        return None
 
     def _ready_to_read(self, req: Req) -> bool:
         engine = self.engines.get(req.engine_id)
@@ -129,18 +146,19 @@ class DecodeReads(DecodeView):
                     "blocks would go unnoticed)",
                 )
             return True
-        silent = [a for a in agents if a not in self.greeted]
+        silent = [self.verdict_agents[a] for a in agents if not self.verdict_agents[a].greeted]
         if not silent:
             return True
         now, wait = self._clock(), verdict_wait(self.config)
-        late = [a for a in silent if now - engine.hello_first.get(a, now) > wait]
+        late = [k for k in silent if k.hello_first is not None and now - k.hello_first > wait]
         if late:
             self.counts["handshake_timeouts"] += 1
+            agent = agents[[self.verdict_agents[a] for a in agents].index(late[0])]
             self.drops.drop(
                 "P agent silent to our hello",
-                f"{late[0]} did not answer {wire.CAPABILITY} within {wait:g} s",
+                f"{agent} did not answer {wire.CAPABILITY} within {wait:g} s",
             )
-            self._kv_lost(req, f"P agent {late[0]} did not answer {wire.CAPABILITY}", abort=True)
+            self._kv_lost(req, f"P agent {agent} did not answer {wire.CAPABILITY}", abort=True)
         return False
 
     # -- reads ----------------------------------------------------------------------------
@@ -246,8 +264,9 @@ class DecodeReads(DecodeView):
         """A verdict for one of our transfer-dones (rank 0's own reads)."""
         if isinstance(msg, wire.Ok) and msg.req_id == wire.CAPABILITY:
             # the handshake's acknowledgement, from an agent we sent a hello
-            if any(sender in e.hello_sent for e in self.engines.values()):
-                self.greeted.add(sender)
+            known = self.verdict_agents.get(sender)
+            if known is not None and known.hello_first is not None:
+                known.greeted = True
             else:
                 self.counts["foreign_verdicts"] += 1
                 self.drops.drop("unasked capability answer", f"from {sender}")

@@ -6,6 +6,7 @@ into a clear error answer, never a crash).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,7 +16,7 @@ from ..core.config import LeaseConfig
 from .loop import RankOptions
 from .messages import Decode, RankParams, parse
 
-__all__ = ["DecodeOptions", "Engine", "RankParams", "Req", "hello", "verdict_wait"]
+__all__ = ["DecodeOptions", "Engine", "PAgent", "RankParams", "Req", "hello", "verdict_wait"]
 
 
 def verdict_wait(config: LeaseConfig) -> float:
@@ -86,27 +87,40 @@ class Engine:
     agents: tuple[str, ...]
     ranks: list[RankParams]
     lost: str = ""
-    #: its reads wait for verdicts: a request for it advertised ``leaseproto/1``
-    #: or one of its agents greeted us (spec §7.4); no message turns this off
-    verified: bool = False
-    hello_sent: dict[str, float] = field(default_factory=dict)
-    #: when each agent got its first hello (D gives up on one silent for the verdict bound)
-    hello_first: dict[str, float] = field(default_factory=dict)
     unverified_logged: bool = False
 
-    def contradiction(self, ranks: list[RankParams]) -> str | None:
-        """Why a request's ``ranks`` do not describe this engine as D knows it
-        (other agents, or an agent at another rank or address), or None."""
-        agents = [r.agent for r in ranks]
-        if tuple(agents) != self.agents:
-            return f"its ranks name agents {agents}, not {list(self.agents)}"
-        for mine, theirs in zip(self.ranks, ranks, strict=True):
-            if (mine.host, mine.nixl_port) != (theirs.host, theirs.nixl_port):
-                return (
-                    f"P rank {theirs.rank} ({theirs.agent}) is at {theirs.host}:"
-                    f"{theirs.nixl_port}, not {mine.host}:{mine.nixl_port}"
-                )
-        return None
+
+@dataclass
+class PAgent:
+    """A P agent whose reads D verifies (spec §7.4): where the first request
+    that made D verify it placed it (engine, rank, address), and the
+    capability handshake. Kept for D's lifetime: no message turns it off."""
+
+    engine_id: str
+    rank: int
+    tp: int
+    host: str
+    port: int
+    hello_first: float | None = None
+    hello_last: float = -math.inf
+    #: it answered our hello with ``OK:leaseproto/1``
+    greeted: bool = False
+
+    @classmethod
+    def at(cls, engine_id: str, r: RankParams) -> PAgent:
+        return cls(engine_id, r.rank, r.tp, r.host, r.nixl_port)
+
+    def misplaced(self, engine_id: str, r: RankParams) -> str | None:
+        """Why ``r`` (a rank of a request for ``engine_id``) places this agent
+        elsewhere than D knows it, or None."""
+        known = (self.engine_id, self.rank, self.tp, self.host, self.port)
+        if (engine_id, r.rank, r.tp, r.host, r.nixl_port) == known:
+            return None
+        return (
+            f"P agent {r.agent} is rank {self.rank}/{self.tp} of P engine {self.engine_id} at "
+            f"{self.host}:{self.port}, not rank {r.rank}/{r.tp} of {engine_id} at "
+            f"{r.host}:{r.nixl_port}"
+        )
 
 
 @dataclass(eq=False)

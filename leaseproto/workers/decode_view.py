@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from ..core.config import LeaseConfig
 from ..core.tracker import HeartbeatTracker
-from .decode_state import DecodeOptions, Engine, Req
+from .decode_state import DecodeOptions, Engine, PAgent, Req
 from .metrics import DecodeMetrics
 from .notifications import DropLog
 
@@ -29,9 +29,10 @@ class DecodeView:
     backend: KVBackend
     metrics: DecodeMetrics
     engines: dict[str, Engine]
-    #: P agents that answered our hello with ``OK:leaseproto/1``: their reads
-    #: are verified from then on, whatever a request-plane message says
-    greeted: set[str]
+    #: P agents whose reads D verifies, and engines it was told give verdicts:
+    #: a request-plane message can add to them, never remove (spec §7.4)
+    verdict_agents: dict[str, PAgent]
+    verdict_engines: set[str]
     by_remote: dict[str, Req]
     waiting: Iterable[Req]
     running: dict[str, Req]
