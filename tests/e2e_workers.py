@@ -16,6 +16,7 @@ import importlib
 import random
 import re
 import secrets
+import signal
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -44,6 +45,7 @@ __all__ = [
     "heartbeat_dead_ds_leases",
     "injector",
     "live_lease_ids",
+    "pause_past_leases",
     "prompts",
     "reference",
     "spec",
@@ -190,3 +192,47 @@ def submit_until_waiting(client: Any, cluster: Cluster, tag: str, n: int, tokens
         "requests waiting on D under live leases",
     )
     return batch
+
+
+def pause_past_leases(
+    cluster: Cluster,
+    client: Any,
+    rep: int,
+    batches: tuple[list[list[int]], list[list[int]]],
+    *,
+    lease: float,
+    pause: float,
+    p_stall: float,
+    tokens: int,
+    reuse_after: float = 0.5,
+    behind: Callable[[], None] = lambda: None,
+    stalled: Callable[[], None] = lambda: None,
+) -> None:
+    """The pause schedule of verified reads: D stopped (SIGSTOP) for
+    ``pause`` s while the first batch (``a<rep>-<i>``) is submitted and its
+    leases end unrenewed, then the second (``b<rep>-<i>``, ``lease +
+    reuse_after`` s in) gets the blocks P freed; ``behind()`` runs once they
+    are queued for D, ``stalled()`` once P is stopped too, for ``p_stall`` s
+    around D's resume (so a NACK could not win a race against D's answer)."""
+    d, p = cluster.decode[0], cluster.prefill[0]
+    paused, reusers = batches
+    d.proc.send_signal(signal.SIGSTOP)
+    t0 = time.monotonic()
+    try:
+        for i, pr in enumerate(paused):
+            client.submit(f"a{rep}-{i}", pr, tokens)
+        time.sleep(lease + reuse_after)
+        for i, pr in enumerate(reusers):
+            client.submit(f"b{rep}-{i}", pr, tokens)
+        behind()
+        time.sleep(max(0.0, t0 + pause - p_stall / 2 - time.monotonic()))
+        p.proc.send_signal(signal.SIGSTOP)  # P's loop stalls ...
+        try:
+            stalled()
+            time.sleep(p_stall / 2)
+        finally:
+            d.proc.send_signal(signal.SIGCONT)  # ... as D resumes and reads
+        time.sleep(p_stall / 2)
+    finally:
+        p.proc.send_signal(signal.SIGCONT)
+        d.proc.send_signal(signal.SIGCONT)

@@ -529,3 +529,32 @@ def test_d_uses_a_read_only_after_the_verdict_of_every_p_rank(tmp_path: Path) ->
     report = check_files(_write3(tmp_path, p, p1, d))
     assert report.ok, [str(v) for v in report.violations]
     assert report.uses == 1 and report.leases == 3
+
+
+def test_a_read_from_an_agent_that_greeted_used_unverified_fails(tmp_path: Path) -> None:
+    """Once a P agent answered D's hello, D uses no read from it without its
+    OK, whatever the request said (issue 17): caught from D's trace alone (P
+    untraced here), where P's header cannot say it gives verdicts."""
+    _, d = legal()
+    d[-1:-1] = [
+        {"ev": "read", "t": 103.1, "to": P, "data": "c:1"},
+        {"ev": "use", "t": 103.4, "req": "c", "remote": "c", "ok_from": []},
+    ]
+    path = tmp_path / "decode-0.trace.jsonl"
+    path.write_text("".join(json.dumps(e) + "\n" for e in d))
+    first = check_files([path]).first()
+    assert first is not None and first.invariant == "I13", first
+    assert "without waiting for its OK" in first.message
+
+
+def test_an_ok_from_an_agent_not_read_does_not_count(tmp_path: Path) -> None:
+    """D counts a verdict only from the P agents it read from (issue 17)."""
+    p, d = legal()
+    use = _find(d, ev="use")
+    d[use : use + 1] = [
+        {"ev": "recv", "t": 102.1, "src": "third-agent", "data": "OK:a"},
+        {"ev": "use", "t": 102.2, "req": "a", "remote": "a", "ok_from": [P, "third-agent"]},
+    ]
+    first = check_files(_write(tmp_path, p, d)).first()
+    assert first is not None and first.invariant == "I13", first
+    assert "did not read it from" in first.message

@@ -25,14 +25,13 @@ of D; :data:`REPS` runs in one cluster (about 3 s each).
 from __future__ import annotations
 
 import secrets
-import signal
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import zmq
-from e2e_workers import Cluster, prompts, reference, run_batch, spec
+from e2e_workers import Cluster, pause_past_leases, prompts, reference, run_batch, spec
 
 from leaseproto.workers.plane import Peer, call
 
@@ -83,37 +82,31 @@ def _forgeries(
 
 
 def _pause_with_forgeries(cluster: Cluster, rep: int, attacker: Peer) -> dict[str, int]:
-    d, p = cluster.decode[0], cluster.prefill[0]
     paused = prompts(PAUSED, seed=1000 + rep, length=12)
     reusers = prompts(REUSERS, seed=2000 + rep, length=12)
     plain_prompt, plain, doubled = _forgeries(cluster, rep)
     forged = [plain, *doubled]
     client = cluster.client()
     answers: dict[str, dict[str, Any]] = {}
+
+    def behind() -> None:  # the forgeries, behind the legitimate requests in D's queue
+        time.sleep(0.15)  # the router has passed those on
+        for m in forged:
+            assert attacker.send(m)
+
     try:
-        d.proc.send_signal(signal.SIGSTOP)
-        t0 = time.monotonic()
-        try:
-            for i, pr in enumerate(paused):
-                client.submit(f"a{rep}-{i}", pr, TOKENS)
-            # P grants them; D, stopped, never heartbeats them: the leases end
-            # and P frees their blocks, which the next prompts get
-            time.sleep(LEASE + 0.4)
-            for i, pr in enumerate(reusers):
-                client.submit(f"b{rep}-{i}", pr, TOKENS)
-            time.sleep(0.15)  # the router has passed them on to D's queue
-            for m in forged:  # behind them in D's queue
-                assert attacker.send(m)
-            time.sleep(max(0.0, t0 + PAUSE - P_STALL / 2 - time.monotonic()))
-            p.proc.send_signal(signal.SIGSTOP)  # P's loop stalls as D resumes
-            try:
-                time.sleep(P_STALL / 2)
-            finally:
-                d.proc.send_signal(signal.SIGCONT)
-            time.sleep(P_STALL / 2)
-        finally:
-            p.proc.send_signal(signal.SIGCONT)
-            d.proc.send_signal(signal.SIGCONT)
+        pause_past_leases(
+            cluster,
+            client,
+            rep,
+            (paused, reusers),
+            lease=LEASE,
+            pause=PAUSE,
+            p_stall=P_STALL,
+            tokens=TOKENS,
+            reuse_after=0.4,
+            behind=behind,
+        )
         results = client.wait_all(deadline=time.monotonic() + 60.0)
         deadline = time.monotonic() + 60.0
         while len(answers) < len(forged) and time.monotonic() < deadline:

@@ -16,12 +16,11 @@ has ended before D resumes.
 from __future__ import annotations
 
 import secrets
-import signal
 import time
 from collections.abc import Iterator
 
 import pytest
-from e2e_workers import Cluster, prompts, reference, spec, wait_for
+from e2e_workers import Cluster, pause_past_leases, prompts, reference, spec, wait_for
 
 from leaseproto.adapters.nixl import NixlEndpoint, free_port
 
@@ -41,35 +40,29 @@ def cluster() -> Iterator[Cluster]:
 
 
 def _pause_with_busy_p(cluster: Cluster, rep: int, flood: NixlEndpoint) -> dict[str, int]:
-    d, p = cluster.decode[0], cluster.prefill[0]
-    p_agent = p.info["agent"]
+    p_agent = cluster.prefill[0].info["agent"]
     paused = prompts(PAUSED, seed=1000 + rep, length=12)
     reusers = prompts(REUSERS, seed=2000 + rep, length=12)
     client = cluster.client()
+
+    def stalled() -> None:  # (large heartbeats once stalled P too; now capped)
+        for _ in range(2):
+            flood.send(p_agent, b"HB:" + b"x" * (1 << 20))
+
     try:
-        d.proc.send_signal(signal.SIGSTOP)
-        t0 = time.monotonic()
-        try:
-            for i, pr in enumerate(paused):
-                client.submit(f"a{rep}-{i}", pr, TOKENS)
-            # P grants them; D, stopped, never heartbeats them: the leases end
-            # and P frees their blocks ...
-            time.sleep(LEASE + 0.5)
-            # ... which the next prompts get
-            for i, pr in enumerate(reusers):
-                client.submit(f"b{rep}-{i}", pr, TOKENS)
-            time.sleep(max(0.0, t0 + PAUSE - P_STALL / 2 - time.monotonic()))
-            p.proc.send_signal(signal.SIGSTOP)  # P's loop stalls ...
-            try:
-                for _ in range(2):  # (large heartbeats once stalled P too; now capped)
-                    flood.send(p_agent, b"HB:" + b"x" * (1 << 20))
-                time.sleep(P_STALL / 2)
-            finally:
-                d.proc.send_signal(signal.SIGCONT)  # ... as D resumes and reads
-            time.sleep(P_STALL / 2)
-        finally:
-            p.proc.send_signal(signal.SIGCONT)
-            d.proc.send_signal(signal.SIGCONT)
+        # P grants the first batch; D, stopped, never heartbeats them: the
+        # leases end and P frees their blocks, which the next prompts get
+        pause_past_leases(
+            cluster,
+            client,
+            rep,
+            (paused, reusers),
+            lease=LEASE,
+            pause=PAUSE,
+            p_stall=P_STALL,
+            tokens=TOKENS,
+            stalled=stalled,
+        )
         results = client.wait_all(deadline=time.monotonic() + 60.0)
     finally:
         client.close()

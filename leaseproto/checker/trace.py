@@ -15,11 +15,14 @@ one run and checks:
   was sent. Senders without a trace (a test's injector) are counted, not
   checked;
 * each decode rank (I13): it used what it read only after ``OK`` for that
-  request from every P agent it read from that gives verdicts (with the
-  network check and P's replay, that ``OK`` was sent while the lease was
-  live), and never a read whose lease had ended when P handled its
-  transfer-done -- which catches a decoder that uses reads unverified (a P
-  that gives no verdicts, ``--policy fixed``) where it matters.
+  request from every P agent it read from that gives verdicts -- its trace
+  says so, or the agent greeted this rank (``OK:leaseproto/1``): once it
+  has, no request makes the rank use its reads unverified (spec §7.4) --
+  (with the network check and P's replay, that ``OK`` was sent while the
+  lease was live), counted ``OK`` only from agents it read from, and never
+  used a read whose lease had ended when P handled its transfer-done --
+  which catches a decoder that uses reads unverified (a P that gives no
+  verdicts, ``--policy fixed``) where it matters.
 
 Every violation names the file and line of the first event no legal
 transition explains and the invariant's id.
@@ -253,6 +256,7 @@ def _decode(
     and never when its lease had ended as P handled its transfer-done."""
     read_from: dict[str, set[str]] = defaultdict(set)
     oks: set[tuple[str, str]] = set()
+    greeted: set[str] = set()  # P agents that answered this rank's hello
     verify = bool(tf.header.get("verify_reads", True)) and tf.header.get("policy") == "lease"
     for e in tf.events:
         if e.ev == "read":
@@ -267,7 +271,9 @@ def _decode(
                 msg = wire.decode(e.data())
             except wire.MalformedMessage:
                 continue
-            if isinstance(msg, wire.Ok):
+            if isinstance(msg, wire.Ok) and msg.req_id == wire.CAPABILITY:
+                greeted.add(str(e.obj.get("src")))
+            elif isinstance(msg, wire.Ok):
                 oks.add((str(e.obj.get("src")), msg.req_id))
         elif e.ev == "use":
             report.uses += 1
@@ -287,6 +293,15 @@ def _decode(
                 )
             elif not sources:
                 report.violations.append(Violation("I13", e, f"used {remote}, never read"))
+            elif ok_from - sources:
+                report.violations.append(
+                    Violation(
+                        "I13",
+                        e,
+                        f"used the read of {remote} on an OK from {sorted(ok_from - sources)[0]}, "
+                        "which it did not read it from",
+                    )
+                )
             elif (ended := _ended_read(tf, remote, sources, replays)) is not None:
                 report.violations.append(
                     Violation(
@@ -298,7 +313,9 @@ def _decode(
                 )
             else:
                 unverified = sorted(
-                    a for a in sources - ok_from if verify and _verifying(by_agent.get(a))
+                    a
+                    for a in sources - ok_from
+                    if verify and (a in greeted or _verifying(by_agent.get(a)))
                 )
                 if unverified:
                     report.violations.append(
