@@ -29,7 +29,7 @@ from leaseproto.core.peer import advertisement  # noqa: E402
 from leaseproto.workers.decode import DecodeWorker  # noqa: E402
 from leaseproto.workers.decode_follower import DecodeFollower  # noqa: E402
 from leaseproto.workers.decode_state import DecodeOptions, hello  # noqa: E402
-from leaseproto.workers.router import Router, RouterOptions  # noqa: E402
+from leaseproto.workers.router import Router, RouterOptions, _Pending  # noqa: E402
 
 BLOCK = 4
 P_AGENT = "prefill-r0-aaaaaa"
@@ -471,6 +471,28 @@ def test_refused_stops_are_rate_limited(caplog: pytest.LogCaptureFixture) -> Non
         assert len(answers) == 50 and all(a["op"] == "error" for a in answers)
         assert len(caplog.records) <= 2, [r.getMessage() for r in caplog.records]
         assert not router._stop
+    finally:
+        router.close()
+        router.ctx.term()
+
+
+def test_failed_requests_are_logged_rate_limited_by_the_router(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A client can make every request fail (a prompt D refuses, say): the
+    router says so at most once a second, then counts."""
+    router = Router(
+        RouterOptions(prefill=["tcp://127.0.0.1:1"], decode="tcp://127.0.0.1:2", metrics_port=None)
+    )
+    router.server.reply = lambda env, msg: None  # type: ignore[method-assign]
+    try:
+        with caplog.at_level(logging.WARNING, logger="leaseproto.router"):
+            for i in range(50):
+                p = _Pending([b"c"], i, f"r{i}", [1], 1, 0.0)
+                router.pending[p.req_id] = p
+                router._finish(p, 1.0, ok=False, error="refused by D")
+        assert not router.pending
+        assert len(caplog.records) <= 2, [r.getMessage() for r in caplog.records]
     finally:
         router.close()
         router.ctx.term()

@@ -90,6 +90,7 @@ class PrefillWorker(PrefillLeases, EngineLoop):
         self.heartbeats_received = 0
         self.malformed = 0
         self.drops = DropLog(log)
+        self.notes = DropLog(log, prefix="")  # other lines a peer or client can trigger
         self.gate = NotificationGate(
             self.drops, max_bytes=opts.max_notification_in, known=self.backend.is_connected
         )
@@ -181,7 +182,7 @@ class PrefillWorker(PrefillLeases, EngineLoop):
                 first = self.backend.prefill(q.prompt, blocks)
             except ValueError as exc:  # checked at intake; never let it stop the loop
                 self.backend.free(blocks)
-                log.error("prefill of req %s failed: %s", q.req_id, exc)
+                self.notes.drop("prefill failed", f"req {q.req_id}: {exc}", level=logging.ERROR)
                 self.server.reply(
                     q.envelope,
                     {"op": "error", "req_id": q.req_id, "error": f"prefill failed: {exc}"},

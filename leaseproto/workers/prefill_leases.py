@@ -69,6 +69,7 @@ class PrefillLeases:
     agents_forgotten: int
     #: verdict readers P forgot (oldest first), restored when heard again
     forgotten_readers: OrderedDict[str, None]
+    notes: DropLog
     #: readers that said they understand verdicts (agent names)
     verdict_readers: set[str]
     verdicts_sent: dict[str, int]
@@ -154,15 +155,15 @@ class PrefillLeases:
         if isinstance(out, Release):
             self._release(out)
         elif isinstance(out, LateTransfer):
-            log.warning(
-                "late transfer-done for req %s from %s: its lease %s %.2f s earlier; %s",
-                out.req_id,
-                sender,
-                out.ended.value,
-                out.at - out.ended_at,
-                "answering NK: the reader discards what it read"
-                if sender in self.verdict_readers
-                else "the reader may have read reused blocks (it takes no verdicts)",
+            self.notes.drop(
+                "late transfer-done",
+                f"req {out.req_id} from {sender}: its lease {out.ended.value} "
+                f"{out.at - out.ended_at:.2f} s earlier; "
+                + (
+                    "answering NK: the reader discards what it read"
+                    if sender in self.verdict_readers
+                    else "the reader may have read reused blocks (it takes no verdicts)"
+                ),
             )
         elif isinstance(out, TransferCounted):
             log.debug("req %s: transfer-done %d of %d", out.req_id, out.done, out.readers)
@@ -244,11 +245,10 @@ class PrefillLeases:
             return
         for rid in lost:  # advisory: D has not read these yet and may give up now
             reason = self.table.lost_reason(rid, now=now)
-            log.warning(
-                "heartbeat from %s names req %s whose lease is gone (%s): answering LL",
-                sender,
-                rid,
-                "unknown" if reason is None else reason.value,
+            self.notes.drop(
+                "heartbeat naming a lease that is gone",
+                f"from {sender}: req {rid} ({'unknown' if reason is None else reason.value}): "
+                "answering LL",
             )
             ll = wire.lease_lost(rid, reason)
             self._send(sender, wire.encode_lease_lost(rid, ll.reason), "ll")

@@ -38,6 +38,7 @@ from .keys import announce, curve
 from .loop import EngineLoop
 from .messages import Generate, parse
 from .metrics import RouterMetrics
+from .notifications import DropLog
 from .plane import BadMessage, Msg, Peer, Server
 
 __all__ = ["Router", "RouterOptions"]
@@ -92,6 +93,7 @@ class Router(EngineLoop):
         if opts.metrics_port is not None:
             self.metrics.serve(opts.host, opts.metrics_port)
         self._last_ping = -1e9
+        self.notes = DropLog(log, prefix="")  # lines a client or worker can trigger
 
     # -- readiness ------------------------------------------------------------------------
     def ready_info(self) -> dict[str, Any]:
@@ -239,7 +241,7 @@ class Router(EngineLoop):
         self.metrics.latency.observe(now - p.started)
         self.metrics.in_flight.set(len(self.pending))
         if not ok:
-            log.warning("request %s failed: %s", p.req_id, error)
+            self.notes.drop("request failed", f"{p.req_id}: {error}")
 
     # -- worker side ----------------------------------------------------------------------
     def _from_prefill(self, index: int, msg: Msg, now: float) -> None:
