@@ -127,7 +127,8 @@ class DecodeReads(DecodeView):
                     f"agent {agent}, which greeted {wire.CAPABILITY} and still answers; "
                     f"this request names {by_rank.get(known.rank)} of {len(req.ranks)} ranks"
                 )
-            del self.verdict_agents[agent]  # a restarted P: its new agents replace it
+            # a restarted P: its new agents replace this one, whose reads stay verified
+            known.greeted, known.hello_first = False, None
             self._peer_lost(agent, "gone: a request names another agent for its rank")
         return None
 
@@ -146,14 +147,20 @@ class DecodeReads(DecodeView):
                     "blocks would go unnoticed)",
                 )
             return True
-        silent = [self.verdict_agents[a] for a in agents if not self.verdict_agents[a].greeted]
+        # (every agent of a verified request is in verdict_agents: _decide)
+        known = [(r.agent, self.verdict_agents.get(r.agent)) for r in req.ranks]
+        silent = [(a, k) for a, k in known if k is None or not k.greeted]
         if not silent:
             return True
         now, wait = self._clock(), verdict_wait(self.config)
-        late = [k for k in silent if k.hello_first is not None and now - k.hello_first > wait]
+        late = [
+            a
+            for a, k in silent
+            if k is not None and k.hello_first is not None and now - k.hello_first > wait
+        ]
         if late:
             self.counts["handshake_timeouts"] += 1
-            agent = agents[[self.verdict_agents[a] for a in agents].index(late[0])]
+            agent = late[0]
             self.drops.drop(
                 "P agent silent to our hello",
                 f"{agent} did not answer {wire.CAPABILITY} within {wait:g} s",
