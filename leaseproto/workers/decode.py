@@ -99,7 +99,7 @@ class DecodeWorker(DecodeReads, DecodeLeases, EngineLoop):
             "handshake_timeouts": 0,
         }
         self.drops = DropLog(log)
-        self.notes = DropLog(log, prefix="")
+        self.notes = DropLog(log, prefix="", max_detail=480)
         self.gate = NotificationGate(
             self.drops, max_bytes=opts.max_notification_in, known=self.backend.is_connected
         )

@@ -191,7 +191,7 @@ class DecodeLeases(DecodeView):
             )
             self.notes.drop(
                 "lease settings that do not fit ours",
-                f"P engine {req.engine_id}: {problem}; {action}",
+                f"{action}: P engine {req.engine_id}: {problem}",
                 level=logging.ERROR,
             )
         return problem
