@@ -54,11 +54,19 @@ class FakeBackend:
         self.trace = _NoTrace()
 
     # -- endpoint
-    def connect(self, agent: str, host: str, port: int) -> None:
+    def connect(self, agent: str, host: str, port: int, *, keyed: bool = False) -> None:
         self.connected.add(agent)
 
     def is_connected(self, agent: str) -> bool:
         return agent in self.connected
+
+    def ready(self, agent: str) -> bool:  # no cluster key: connected is ready
+        return agent in self.connected
+
+    frame_overhead = 0
+
+    def auth_stats(self) -> dict[str, object]:
+        return {}
 
     def send(self, agent: str, payload: bytes) -> bool:
         self.sent.append((agent, payload))

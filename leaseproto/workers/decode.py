@@ -54,8 +54,7 @@ class DecodeWorker(DecodeReads, DecodeLeases, EngineLoop):
     """Decode rank 0: schedules, heartbeats and decodes."""
 
     def __init__(self, opts: DecodeOptions, *, backend: KVBackend | None = None) -> None:
-        """``backend``: this rank's NIXL endpoint, pool and model (default: a
-        new :class:`KVBackend`; tests pass a stand-in)."""
+        """``backend``: a stand-in for a new :class:`KVBackend` (tests)."""
         opts.validate()
         self.opts = opts
         self.config = opts.config
@@ -169,10 +168,7 @@ class DecodeWorker(DecodeReads, DecodeLeases, EngineLoop):
             self.drops.drop("request of a P engine with another cluster key", problem)
             self._refuse(envelope, req.req_id, f"refused P engine {req.engine_id}: {problem}")
             return
-        problem = self._contradiction(req)
-        if problem is not None:
-            self.counts["contradicting_requests"] += 1
-            self.drops.drop("decode message contradicting a greeted P engine", problem)
+        if (problem := self._contradiction(req)) is not None:  # counted and logged there
             self._refuse(envelope, req.req_id, problem)
             return
         problem = self._lease_mismatch(req)

@@ -99,6 +99,14 @@ class DecodeReads(DecodeView):
                 self.verdict_agents.setdefault(r.agent, PAgent.at(req.engine_id, r))
 
     def _contradiction(self, req: Req) -> str | None:
+        """Why ``req`` is refused (counted and logged), or None."""
+        problem = self._contradicts(req)
+        if problem is not None:
+            self.counts["contradicting_requests"] += 1
+            self.drops.drop("decode message contradicting a greeted P engine", problem)
+        return problem
+
+    def _contradicts(self, req: Req) -> str | None:
         """Why ``req`` cannot be taken (spec §10.2): it places an agent that
         greeted us elsewhere (another engine, rank or address), or names
         another agent for a rank of an engine whose agent there greeted us and
