@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -54,7 +55,15 @@ class FakeBackend:
         self.trace = _NoTrace()
 
     # -- endpoint
-    def connect(self, agent: str, host: str, port: int, *, keyed: bool = False) -> None:
+    def connect(
+        self,
+        agent: str,
+        host: str,
+        port: int,
+        *,
+        keyed: bool = False,
+        layout: dict[str, Any] | None = None,
+    ) -> None:
         self.connected.add(agent)
 
     def is_connected(self, agent: str) -> bool:
@@ -64,6 +73,8 @@ class FakeBackend:
         return agent in self.connected
 
     frame_overhead = 0
+    #: the NIXL endpoint's counters the worker's stats report (no push is refused here)
+    endpoint = SimpleNamespace(stats=SimpleNamespace(pushes_refused=0, names_refetched=0))
 
     def auth_stats(self) -> dict[str, object]:
         return {}

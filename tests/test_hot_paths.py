@@ -221,7 +221,7 @@ class _Drops:
     def __init__(self) -> None:
         self.dropped: list[str] = []
 
-    def drop(self, kind: str, why: str) -> None:
+    def drop(self, kind: str, why: str, *, level: int = 0) -> None:
         self.dropped.append(why)
 
 
@@ -232,6 +232,7 @@ def _worker(fused: bool) -> PrefillLeases:
     w.backend = _Backend()  # type: ignore[assignment]
     w.metrics = _Metrics()  # type: ignore[assignment]
     w.drops = _Drops()  # type: ignore[assignment]
+    w.notes = _Drops()  # type: ignore[assignment]
     w.blocks = {}
     w.binding = ReaderBinding()
     w.forgotten_readers = OrderedDict()

@@ -118,7 +118,7 @@ class EngineLoop:
     #: leave the loop when this process's parent is no longer this pid
     parent_pid: int | None = None
     #: the rate-limited log of refused request-plane ops (made at the first)
-    _refused: DropLog | None = None
+    _stop_refusals: DropLog | None = None
 
     def step(self) -> None:
         raise NotImplementedError
@@ -167,9 +167,9 @@ class EngineLoop:
         elif op == "stats":
             self.server.reply(envelope, {"op": "stats", **self.stats()})
         elif op == "stop":  # not from the network: a signal stops a worker
-            if self._refused is None:
-                self._refused = DropLog(log)
-            self._refused.drop("request-plane 'stop'", f"send SIGTERM to pid {os.getpid()}")
+            if self._stop_refusals is None:
+                self._stop_refusals = DropLog(log)
+            self._stop_refusals.drop("request-plane 'stop'", f"send SIGTERM to pid {os.getpid()}")
             self.server.reply(
                 envelope,
                 {"op": "error", "error": "stop is not a request-plane op: send SIGTERM"},
