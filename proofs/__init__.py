@@ -1,4 +1,5 @@
-"""z3 proofs of the lease protocol's invariants over the rules the runtime executes.
+"""z3 proofs of the lease protocol's invariants over the rules the runtime executes,
+and of the runtime's hot loops equal to those rules (:mod:`leaseproto.proofs.loops`).
 
 ``python -m leaseproto.proofs`` (or ``leaseproto prove``) checks every obligation; see
 :mod:`leaseproto.proofs.check`. Models: :mod:`leaseproto.proofs.model` (one lease on P, one engine

@@ -29,7 +29,7 @@ import z3
 from leaseproto.core import rules as R
 from leaseproto.core.state import Input, LeaseState
 
-from . import bmc, model, table_invariants, table_model, timing
+from . import bmc, loops, model, table_invariants, table_model, timing
 from . import counterexamples as cx
 from . import invariants as inv_mod
 from .kit import System, fmt, model_value
@@ -269,6 +269,33 @@ def concrete_rule_obligations() -> list[Obligation]:
     return obs
 
 
+def loop_obligations(only: str = "") -> list[Obligation]:
+    """L14: the runtime's hot loops, run on z3 terms (:mod:`proofs.loops`), do what
+    the rules say on every path through them (the obligations whose label contains
+    ``only``)."""
+    obs = []
+    for label, chk in loops.checks(only):
+        bad = [z3.BoolVal(True)] if chk.error else [z3.Or(*(f for _, f in chk.bad))]
+
+        def show(m: Any, chk: Any = chk) -> list[str]:
+            where = [name for name, f in chk.bad if z3.is_true(m.eval(f, model_completion=True))]
+            values = " ".join(sorted(f"{d.name()}={m[d]}" for d in m.decls()))
+            return [f"on {where[0] if where else 'a path'}: {values}"]
+
+        obs.append(
+            Obligation(
+                loops.SYSTEM,
+                label,
+                ("L14",),
+                "unsat",
+                [*chk.hyps, *bad],
+                show,
+                why=chk.error or "a path through the loop does what the rules do not",
+            )
+        )
+    return obs
+
+
 def all_obligations(system: str | None = None) -> list[Obligation]:
     """Every obligation (of ``system`` only, if given), with the models built now
     from the current rules."""
@@ -285,6 +312,8 @@ def all_obligations(system: str | None = None) -> list[Obligation]:
             )
         if system in (None, "table"):
             obs += system_obligations(table_model.table_system(), table_invariants.INVARIANTS)
+        if system in (None, loops.SYSTEM):
+            obs += loop_obligations()
         obs += theorem_obligations(model.gate_theorems())
         obs += theorem_obligations(timing.theorems())
     if system is None or system.startswith("timing"):
@@ -339,6 +368,21 @@ def select(obs: list[Obligation], only: str | None, system: str | None = None) -
     return [o for o in obs if o.system in systems and wanted(o)]
 
 
+def discharge(obs: Sequence[Obligation], out: Any, timeout_ms: int = TIMEOUT_MS) -> int:
+    """Solve each obligation and print its line (and why, when it fails); returns how
+    many failed."""
+    failed = 0
+    for ob in obs:
+        r = solve(ob, timeout_ms)
+        tag = "ok  " if r.ok else "FAIL"
+        print(f"{tag} [{ob.system}] {ob.label}  ({r.seconds * 1000:.0f} ms)", file=out)
+        if not r.ok:
+            failed += 1
+            for line in r.detail:
+                print(f"       {line}", file=out)
+    return failed
+
+
 def run(
     only: str | None = None,
     *,
@@ -361,15 +405,7 @@ def run(
             file=sys.stderr,
         )
         return 2
-    failed = 0
-    for ob in obs:
-        r = solve(ob, timeout_ms)
-        tag = "ok  " if r.ok else "FAIL"
-        print(f"{tag} [{ob.system}] {ob.label}  ({r.seconds * 1000:.0f} ms)", file=out)
-        if not r.ok:
-            failed += 1
-            for line in r.detail:
-                print(f"       {line}", file=out)
+    failed = discharge(obs, out, timeout_ms)
     total = time.perf_counter() - start
     status = 0
     if failed:

@@ -7,7 +7,9 @@ import argparse
 from collections.abc import Callable
 
 TIMEOUT_MS = 20_000
-SYSTEMS = "lease, lease-cap, engine, table, gate, timing, timing-cap, timing-bounded, timing-reads"
+SYSTEMS = (
+    "lease, lease-cap, engine, table, loops, gate, timing, timing-cap, timing-bounded, timing-reads"
+)
 
 
 def add_arguments(ap: argparse.ArgumentParser, *, count: Callable[[str], int] = int) -> None:

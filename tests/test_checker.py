@@ -15,7 +15,7 @@ import pytest
 
 from leaseproto.checker import INVARIANTS, SCOPES, check
 from leaseproto.checker.scope import QUICK
-from leaseproto.core import rules, specialise
+from leaseproto.core import renewal
 from leaseproto.core.clock import ClockOffset
 from leaseproto.core.config import LeaseConfig
 from leaseproto.core.deadlines import DeadlineQueue
@@ -24,14 +24,8 @@ from leaseproto.core.tracker import HeartbeatTracker
 
 
 def mutate(mp: pytest.MonkeyPatch, cls: Any, name: str, old: str, new: str) -> None:
-    """Replace ``cls.name`` by its own source with ``old`` replaced by ``new`` (for a
-    module: its template string, with the compiled forms forgotten)."""
-    if isinstance(cls, types.ModuleType):
-        text = getattr(cls, name)
-        assert text.count(old) == 1, f"{old!r} not found once in {cls.__name__}.{name}"
-        mp.setattr(cls, name, text.replace(old, new))
-        mp.setattr(cls, "_cache", {})
-        return
+    """Replace ``cls.name`` (a method, or a module's function) by its own source with
+    ``old`` replaced by ``new``."""
     src = textwrap.dedent(inspect.getsource(getattr(cls, name)))
     assert src.count(old) == 1, f"{old!r} not found once in {cls.__name__}.{name}"
     code = compile(
@@ -42,7 +36,8 @@ def mutate(mp: pytest.MonkeyPatch, cls: Any, name: str, old: str, new: str) -> N
         dont_inherit=True,
     )
     ns: dict[str, Any] = {}
-    exec(code, vars(sys.modules[cls.__module__]), ns)
+    home = cls if isinstance(cls, types.ModuleType) else sys.modules[cls.__module__]
+    exec(code, vars(home), ns)
     mp.setattr(cls, name, ns[name])
 
 
@@ -85,9 +80,9 @@ SEEDED: dict[str, tuple[Any, str, str, str, Any, str]] = {
         "I10",
     ),
     "lost-lease reports (NACKs) after TRANSFERRED": (
-        specialise,  # the renew loop is generated from this template
-        "_RENEW",
-        "if lost is not None and tomb[0] != {transferred}:",
+        renewal,  # the loop over heartbeat ids
+        "renew_ids",
+        "if lost is not None and tomb[0] != R.TRANSFERRED:",
         "if lost is not None:",
         SCOPES["small"],
         "I13",
@@ -210,18 +205,6 @@ def test_a_regrant_that_breaks_A7_breaks_I13() -> None:
     assert [s for s in steps if s in order] == order, res.summary()
 
 
-def _renew_with(mp: pytest.MonkeyPatch, **change: Any) -> None:
-    """Rebind the renewal rule (the table's generated loop follows, rules.watch)."""
-    orig = rules.renew_rule
-
-    def broken(state: int, deadline: float, cap_at: Any, now: float, ext: float) -> Any:
-        args = {"state": state, "deadline": deadline, "cap_at": cap_at, "now": now, "ext": ext}
-        args.update({k: f(args) for k, f in change.items()})
-        return orig(args["state"], args["deadline"], args["cap_at"], args["now"], args["ext"])
-
-    mp.setattr(rules, "renew_rule", broken)
-
-
 #: the checks added for I5, I6 (ghost bounds), I7, I9 and D with two ranks, each shown
 #: to fail on a mutant of the real code: name -> (apply, scope, invariant)
 NEW_CHECKS: dict[str, tuple[Any, Any, str]] = {
@@ -237,12 +220,24 @@ NEW_CHECKS: dict[str, tuple[Any, Any, str]] = {
         "I5",
     ),
     "renewal extends 1 s too far (I6)": (
-        lambda mp: _renew_with(mp, ext=lambda a: a["ext"] + 1),
+        lambda mp: mutate(
+            mp,
+            renewal,
+            "renew_uncapped",
+            "target = now + extension",
+            "target = now + extension + 1",
+        ),
         SCOPES["small"],
         "I6",
     ),
     "renewal ignores the cap (I7)": (
-        lambda mp: _renew_with(mp, cap_at=lambda a: None),
+        lambda mp: mutate(
+            mp,
+            renewal,
+            "renew_capped",
+            "new = target if target <= cap_at else cap_at  # vmin: never past the cap (I7)",
+            "new = target",
+        ),
         SCOPES["cap"],
         "I7",
     ),

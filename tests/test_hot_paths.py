@@ -3,8 +3,9 @@
 * ``LeaseTable.renew_heartbeat`` (decode and renew fused) against ``wire.decode``
   then ``LeaseTable.renew``, on random payloads: valid, invalid, unknown and ended
   ids, non-UTF-8 bytes, a clock that goes back;
-* the fact the generated renew loop is simplified under (``specialise.LIVE``: every
-  lease in the live map is GRANTED), over random histories;
+* the fact the renew loops rely on (every lease in the live map is GRANTED: they
+  do not test the state, and ``proofs/loops.py`` proves them equal to the rule under
+  it), over random histories;
 * P's worker with the fused path against the same worker decoding every message.
 """
 
@@ -134,7 +135,7 @@ def test_renew_heartbeat_leaves_the_error_to_decode() -> None:
     )
 )
 def test_every_lease_in_the_live_map_is_granted(ops: list[tuple[str, str]]) -> None:
-    """The fact (specialise.LIVE) the generated renew loop is simplified under."""
+    """The fact the renew loops rely on, and L14 (``proofs/loops.py``) assumes."""
     t = LeaseTable(LeaseConfig(kv_lease_duration=3.0, lease_extension=2.0))
     now = 0.0
     for op, rid in ops:
@@ -422,3 +423,6 @@ def test_make_releases_equals_the_constructor(rows: list[tuple[str, float, float
     ]
     assert [type(r) for r in fast] == [Release] * len(rows)
     assert [dataclasses.astuple(r) for r in fast] == [dataclasses.astuple(r) for r in slow]
+    for r in fast:  # every field set (astuple read each), and frozen like the constructor's
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            r.at = 0.0  # type: ignore[misc]

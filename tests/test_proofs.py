@@ -268,18 +268,23 @@ def test_timing_needs_t2(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "FAIL [timing] L7 preserved by p_recv" in out
 
 
-def test_the_runtime_executes_the_patched_rule_too(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The proofs and LeaseTable call the same function: a mutation the proofs
-    catch above changes the runtime's behaviour the same way."""
+def test_a_patched_rule_the_runtime_s_loop_does_not_follow_fails_L14(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The models call the rule; the runtime runs its renew loop, written beside the
+    rule and tied to it by L14 (the loop run on z3 terms). A rule patched in memory
+    changes the models, not the loop: L14 then fails, so what is proven about the rule
+    is proven about the loop only while they agree."""
     from leaseproto import LeaseTable
 
+    monkeypatch.setattr(rules, "renew_rule", _assigning_renewal)
     t = LeaseTable()
     t.grant("a", now=0.0)
     t.renew(["a"], now=5.0)
-    assert t.deadline("a") == 30.0  # max(30, 25)
-    monkeypatch.setattr(rules, "renew_rule", _assigning_renewal)
-    t.renew(["a"], now=6.0)
-    assert t.deadline("a") == 26.0  # the broken rule shortened it: I1 violated at runtime
+    assert t.deadline("a") == 30.0  # max(30, 25): the loop, not the patched rule
+    status, out = run_check(system="loops")
+    assert status == 1
+    assert "FAIL [loops] L14 renew loops = renew_rule, renew_lost (uncapped, real)" in out, out
 
 
 def test_deleting_the_granted_abort_row_fails_an_obligation(

@@ -3,14 +3,15 @@ hand-written `expect` lines hold, and bad scenarios fail cleanly with a line num
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from leaseproto.cli import main
-from leaseproto.core import rules as _rules
 from leaseproto.scenarios.format import ScenarioError, parse_scenario
 from leaseproto.scenarios.replay import replay_text
 
@@ -126,17 +127,17 @@ def test_pending_handshake_keeps_the_turn_I11() -> None:
     assert sent[:2] == [2.5, 7.5]
 
 
-def test_a_broken_renewal_rule_fails_the_scenarios(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The replays drive the real rules: make renewal assign instead of taking the max
-    (breaking I1) and the hand-written expectations catch it."""
+def test_a_broken_renewal_loop_fails_the_scenarios(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The replays drive the real loops: make the renewal assign instead of taking the
+    max (breaking I1) and the hand-written expectations catch it."""
+    from leaseproto.core import renewal
 
-    def assign(
-        state: int, deadline: float, cap_at: float | None, now: float, extension: float
-    ) -> tuple[bool, float]:
-        applies = state == _rules.GRANTED and now < deadline
-        return applies, (now + extension if applies else deadline)
-
-    monkeypatch.setattr(_rules, "renew_rule", assign)
+    src = inspect.getsource(renewal.renew_uncapped)
+    old = "lease.deadline = deadline if deadline >= target else target"
+    assert src.count(old) == 1
+    ns: dict[str, Any] = {}
+    exec(src.replace(old, "lease.deadline = target"), vars(renewal), ns)
+    monkeypatch.setattr(renewal, "renew_uncapped", ns["renew_uncapped"])
     result = replay_text((SCENARIOS / "normal.jsonl").read_text())
     assert result.expects_failed >= 1
     assert any("EXPECT FAILED" in e.text and "deadline of cmpl-1" in e.text for e in result.events)

@@ -5,18 +5,10 @@
 it changes none). A survivor not listed here counts as not killed.
 """
 
-#: the printer writing parentheses in more places, never fewer: parentheses around a whole
-#: subexpression never change how Python parses it
-_MORE_PARENS = (
-    "the printer parenthesises a superset of the operands it did (it still parenthesises each "
-    "operand that binds less tightly), and parentheses around a whole subexpression never "
-    "change Python's parse: the same tree, so the same values"
-)
-
 #: conj's two-operand shortcut, narrowed (it admits fewer pairs, never a non-bool)
 _CONJ_FAST = (
     "conj's shortcut for two plain bools (`a and b`) taken for fewer pairs: it still admits "
-    "only pairs of bools (so never asks a z3 or traced term for its truth value), and a pair "
+    "only pairs of bools (so never asks a z3 term for its truth value), and a pair "
     "it no longer takes falls through to the loop, which finds no symbolic operand and "
     "returns `False not in conds`: the same bool as `a and b` for every pair of bools"
 )
@@ -123,49 +115,4 @@ EQUIVALENT: dict[str, str] = {
     "sym.py:conj:or -> and:b is True or b is False#0": _CONJ_FAST,
     "sym.py:conj:constant True -> False:True#1": _CONJ_FAST,
     "sym.py:conj:constant False -> True:False#1": _CONJ_FAST,
-    # -- events.py --
-    "events.py:make_releases:constant True -> False:True#0": "`zip(..., strict=False)`: the "
-    "zip transposes the 4-tuples that one `attrgetter` of four fields returns, one per lease, "
-    "so its iterables always have the same length (4) and `strict` never raises",
-    # -- tracing.py --
-    # (the printer moved from specialise.py to tracing.py: its `_PREC` entry's key moved too)
-    "tracing.py:<module>:constant 1 -> 2:1#0": "`_PREC['or']` 1 -> 2 (equal to `and`): the "
-    "printer writes every operand of `and`/`or` with parentheses at equal precedence (`tight`), so "
-    "the change only adds parentheses around an `and` or `or` inside an `or`; `not`, `if`, the "
-    "arithmetic and comparisons still bind as before (2 is between `if` 0 and `not` 3, like 1)",
-    "tracing.py:Node:statement deleted:__hash__ = None#0": "a class that defines `__eq__` "
-    "and not `__hash__` gets `__hash__ = None` from `type` itself (the data model), so without "
-    "the explicit line a Node is unhashable just the same (`hash(node)` raises TypeError)",
-    "tracing.py:<module>:constant 3 -> 4:3#0": "`_PREC['not']` 3 -> 4 (equal to `cmp`): "
-    "only a `not` and a comparison change places, from below to equal; a comparison inside a "
-    "`not` stays bare (not tight: `not a < b` is `not (a < b)`), a `not` inside a comparison "
-    "keeps its parentheses (both sides of a comparison are tight): the same source",
-    "tracing.py:<module>:constant 4 -> 5:4#0": "`_PREC['cmp']` 4 -> 5 (equal to `+`/`-`): "
-    "a sum inside a comparison gains redundant parentheses (a comparison's sides are tight), "
-    "a comparison inside a sum keeps them, and a sum's left operand becomes tight too "
-    "(`p == _PREC['cmp']` now holds for `+`/`-`), which only adds parentheses around a sum "
-    "or difference as the left operand of one (`(a - b) + c`): "
-    "Python parses the source to the same tree (tests/test_specialise.py's parse-back test)",
-    "tracing.py:_prec:constant 9 -> 10:9#0": "the precedence of a variable or constant (any "
-    "op not in `_PREC`): 9 and 10 are both above every operator's (0..6), so a leaf is never "
-    "parenthesised either way, and no node of another op reaches this default",
-    "tracing.py:Printer.expr.sub:Lt -> LtE:q < p#0": _MORE_PARENS
-    + " (`q <= p`: also an operand as tight as its operator where not `tight`: the left one "
-    "of arithmetic, `not`'s, an `if`'s last branch, where Python's own grouping is the tree's)",
-    "tracing.py:Printer.expr.sub:and -> or:tight and q == p#0": _MORE_PARENS
-    + " (`tight or q == p`: also every `tight` operand, whatever its precedence)",
-    "tracing.py:Printer.expr:constant False -> True:False#0": _MORE_PARENS
-    + " (`sub`'s default `tight=True`: the operands printed without `tight` become tight)",
-    "tracing.py:Printer:constant True -> False:True#0": "`expr`'s default `top=False`: the "
-    "expression a caller asks for may itself be hoisted when it reads invariant names only "
-    "(it is then computed once before the loop and the loop reads its name: the same value); "
-    "no caller's expression is one: the renew and expire forms each read a lease field "
-    "(`deadline`, `state` or `cap_at`), so nothing more is hoisted and the same source printed",
-    "tracing.py:<module>:constant 0 -> 1:0#0": "`_PREC['if']` 0 -> 1 (equal to `or`): an "
-    "operand is parenthesised when it binds less tightly, or as tightly where `tight`; every "
-    "operand of `or`, and an `if`'s condition and first branch, are `tight`, so an `if` inside an "
-    "`or` keeps its parentheses and an `or` as an `if`'s condition or first branch gains "
-    "redundant ones (`a if (b or c) else d` is `a if b or c else d`); an `or` or `if` as the "
-    "last branch stays bare, as before, and every other operator binds tighter than both "
-    "values, as before: the printed code parses to the same tree",
 }

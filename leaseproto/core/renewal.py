@@ -2,22 +2,23 @@
 and renews in one pass (:meth:`renew_heartbeat`), as a part of
 :class:`~leaseproto.core.table.LeaseTable`.
 
-Both run the loop :mod:`.specialise` generates from :func:`.rules.renew_rule`.
+Both run :func:`renew_ids`: :func:`.rules.renew_rule` written out as a loop over the
+ids, proven equal to the rule by ``leaseproto prove`` (lemma L14), which runs this
+module's loops on z3 terms.
 """
 
 from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from . import rules as R
-from . import specialise
 from .config import LeaseConfig
 from .lease import Lease
 from .wire import id_problem
 
-__all__ = ["Renewals"]
+__all__ = ["Renewals"]  # and the loops, for proofs/loops.py
 
 _INF = math.inf
 _NINF = -math.inf
@@ -31,8 +32,6 @@ class Renewals:
     _ended: OrderedDict[str, tuple[int, float]]
     _c: dict[str, int]
     _last_now: float
-    _renew_loop: Callable[..., int] | None
-    _renew_rule: Callable[..., tuple[bool, float]]  # the rule _renew_loop was built from
     _clock: Callable[[float], None]  # the table's: advances its clock to now, or raises
 
     def renew(self, req_ids: Iterable[str], *, now: float, lost: list[str] | None = None) -> int:
@@ -61,18 +60,14 @@ class Renewals:
         lost: list[str] | None,
     ) -> int:
         """Renew ``ids`` (``found``: their leases or ``None``; ``every``: all found)."""
-        loop = self._renew_loop or self._build_renew_loop()
+        cfg = self.config
+        capped = cfg.max_lease_lifetime is not None
         c = self._c
-        ext = self.config.lease_extension
-        renewed: int = loop(ids, found, every, self._ended, now, ext, lost, c, self._renew_rule)
+        renewed = renew_ids(
+            ids, found, every, self._ended, now, cfg.lease_extension, capped, lost, c
+        )
         c["renewed"] += renewed
         return renewed
-
-    def _build_renew_loop(self) -> Callable[..., int]:
-        capped = self.config.max_lease_lifetime is not None
-        self._renew_rule = R.renew_rule
-        loop = self._renew_loop = specialise.renew_form(R.renew_rule, capped=capped).fn
-        return loop
 
     def renew_heartbeat(
         self, payload: bytes, *, now: float, lost: list[str] | None = None
@@ -111,10 +106,11 @@ class Renewals:
         if not fast:
             self._clock(now)  # the first call, or raises
         self._last_now = now
-        loop = self._renew_loop or self._build_renew_loop()  # what _renew does, inline
+        cfg = self.config  # what _renew does, inline
+        capped = cfg.max_lease_lifetime is not None
         c = self._c
-        ext = self.config.lease_extension
-        c["renewed"] += loop(ids, found, every, self._ended, now, ext, lost, c, self._renew_rule)
+        ext = cfg.lease_extension
+        c["renewed"] += renew_ids(ids, found, every, self._ended, now, ext, capped, lost, c)
         return ids
 
     def _known_or_valid(self, ids: list[str], found: list[Lease | None]) -> bool:
@@ -123,3 +119,101 @@ class Renewals:
             if lease is None and rid not in ended and id_problem(rid) is not None:
                 return False
         return True
+
+
+# -- the loops (spec §8.2), ordinary code: ``proofs/loops.py`` runs them on z3 terms ---------
+# Each is :func:`.rules.renew_rule` for the leases of the table's live map, which are all
+# GRANTED (the table takes a lease out of the map before it sets an end state;
+# ``tests/test_hot_paths.py`` checks it over random histories), so ``state == GRANTED`` is
+# not tested again: a renewal applies exactly when ``now < deadline``. ``prove`` (lemma L14)
+# shows each loop, run on symbolic values, does what the rules say for every id: the
+# deadline and last renewal it stores, the counters, the ids it reports lost
+# (:func:`.rules.renew_lost`) and the count it returns.
+def renew_ids(  # noqa: PLR0917 - the loop's inputs, in one call
+    ids: Sequence[str],
+    found: Sequence[Lease | None],
+    every: bool,
+    ended: Mapping[str, tuple[int, float]],
+    now: float,
+    extension: float,
+    capped: bool,
+    lost: list[str] | None,
+    c: dict[str, int],
+) -> int:
+    """Renew each of ``ids`` (``found``: its live lease, or ``None``; ``every``: none is
+    ``None``) and return how many were renewed. ``ended`` holds the tombstones,
+    ``capped``: the leases have a ``cap_at`` (``max_lease_lifetime`` is set), ``c``
+    the counters."""
+    if every:
+        live: Sequence[Lease] = found  # type: ignore[assignment]  # none is None
+        if capped:
+            return renew_capped(live, now, extension, lost, c)
+        return renew_uncapped(live, now, extension, lost, c)
+    target = now + extension
+    renewed = 0
+    for rid, lease in zip(ids, found, strict=True):
+        if lease is None:  # no live lease: never created or revived (I2)
+            tomb = ended.get(rid)
+            if tomb is None:
+                c["renew_unknown"] += 1
+                continue
+            c["renew_late"] += 1
+            if lost is not None and tomb[0] != R.TRANSFERRED:  # expired or aborted
+                lost.append(rid)
+            continue
+        deadline = lease.deadline
+        if now < deadline:
+            new = target
+            if capped:
+                cap_at: float = lease.cap_at  # type: ignore[assignment]  # set: capped
+                new = new if new <= cap_at else cap_at  # vmin: never past the cap (I7)
+            lease.deadline = deadline if deadline >= new else new  # vmax: never shorter (I1)
+            lease.last_renewal = now
+            renewed += 1
+            continue
+        _lapsed(rid, lost, c)  # due, not yet reaped: not revived (I2)
+    return renewed
+
+
+def renew_uncapped(
+    leases: Sequence[Lease], now: float, extension: float, lost: list[str] | None, c: dict[str, int]
+) -> int:
+    """:func:`renew_ids` when every id names a live lease and there is no cap (the
+    common heartbeat)."""
+    target = now + extension
+    lapsed = 0
+    for lease in leases:
+        deadline = lease.deadline
+        if now < deadline:
+            lease.deadline = deadline if deadline >= target else target  # vmax (I1)
+            lease.last_renewal = now
+            continue
+        lapsed += 1
+        _lapsed(lease.req_id, lost, c)
+    return len(leases) - lapsed
+
+
+def renew_capped(
+    leases: Sequence[Lease], now: float, extension: float, lost: list[str] | None, c: dict[str, int]
+) -> int:
+    """:func:`renew_ids` when every id names a live lease and each has a cap."""
+    target = now + extension
+    lapsed = 0
+    for lease in leases:
+        deadline = lease.deadline
+        if now < deadline:
+            cap_at: float = lease.cap_at  # type: ignore[assignment]  # set: capped
+            new = target if target <= cap_at else cap_at  # vmin: never past the cap (I7)
+            lease.deadline = deadline if deadline >= new else new  # vmax (I1)
+            lease.last_renewal = now
+            continue
+        lapsed += 1
+        _lapsed(lease.req_id, lost, c)
+    return len(leases) - lapsed
+
+
+def _lapsed(rid: str, lost: list[str] | None, c: dict[str, int]) -> None:
+    """A live lease past its deadline, not yet reaped: counted, and reported lost."""
+    c["renew_lapsed"] += 1
+    if lost is not None:
+        lost.append(rid)

@@ -1,9 +1,13 @@
 """The transition rules, written once (spec §8 pseudocode).
 
 Each rule is a small pure function of (state, input, now, config values). The
-runtime (:mod:`._table`, :mod:`._tracker`, :mod:`._clock`) calls them on
-floats; ``proofs/`` calls the *same functions* on z3 terms. They are written
-with :mod:`._sym` (``ite``, ``vmax``, ``vmin``, ``conj``) and plain arithmetic
+runtime (:mod:`.table`, :mod:`.tracker`, :mod:`.clock`) calls them on
+floats; ``proofs/`` calls the *same functions* on z3 terms. Where a hot loop
+needs a rule without a call per item (the renewals of :mod:`.renewal`, the
+reaper's :func:`.table.expire_end`), the loop is ordinary code beside it, and
+``proofs/loops.py`` runs that code on z3 terms to prove it does what the rule
+says (lemma L14). The rules are written
+with :mod:`.sym` (``ite``, ``vmax``, ``vmin``, ``conj``) and plain arithmetic
 and comparisons, which both kinds of value support. States are the integer
 values of :class:`~leaseproto.core.state.LeaseState`; the discrete part of every
 rule is read from :data:`~leaseproto.core.state.TRANSITIONS`.
@@ -14,13 +18,8 @@ on a symbolic value would silently pick one branch in the proofs.
 
 from __future__ import annotations
 
-import sys
-import types
-import weakref
-from typing import Any
-
 from .state import TRANSITIONS, Guard, Input, LeaseState, Transition
-from .sym import conj, ite, vmax, vmin
+from .sym import conj, ite, neg, vmax, vmin
 
 __all__ = [
     "ABORTED",
@@ -39,6 +38,7 @@ __all__ = [
     "read_allowed",
     "renew_applies",
     "renew_deadline",
+    "renew_lost",
     "renew_rule",
     "transfer_done_count",
     "transfer_done_state",
@@ -122,6 +122,14 @@ def renew_deadline(state: int, deadline: N, cap_at: N | None, now: N, extension:
     return renew_rule(state, deadline, cap_at, now, extension)[1]
 
 
+def renew_lost(state: int, applies: bool) -> bool:
+    """Whether P reports a heartbeat id lost (the advisory ``LL``, spec §8.2): the
+    renewal did not apply (``applies``, from :func:`renew_rule`) to a lease that
+    lapsed (granted, past its deadline) or ended by expiry or abort. Not for an id
+    P knows nothing of (``ABSENT``), nor one whose transfer completed."""
+    return conj(neg(applies), state != ABSENT, state != TRANSFERRED)
+
+
 # -- transfer-done (spec §8.3) ------------------------------------------------------------
 def transfer_is_last(done: int, consumers: int) -> bool:
     """This notification completes the lease."""
@@ -178,27 +186,3 @@ def aged_uncertainty(uncertainty: N, age: N, rho: N) -> N:
     clock since the sample (at most ``age / (1 - rho)`` real seconds) move the
     offset by at most ``2 rho / (1 - rho) * age`` (about ``2 rho * age``)."""
     return uncertainty + 2 * rho / (1 - rho) * age
-
-
-# -- rebinding a rule ---------------------------------------------------------------------
-# The runtime keeps forms derived from these rules (the tracker's idle threshold, the
-# generated renew and expire loops of :mod:`.specialise`). A test that patches a rule
-# (``monkeypatch.setattr(rules, "renew_rule", broken)``) must change what runs, so
-# rebinding any name here tells every watcher.
-_watchers: weakref.WeakSet[Any] = weakref.WeakSet()
-
-
-def watch(obj: Any) -> None:
-    """Call ``obj._rules_changed()`` whenever a name in this module is rebound
-    (held weakly)."""
-    _watchers.add(obj)
-
-
-class _RulesModule(types.ModuleType):
-    def __setattr__(self, name: str, value: object) -> None:
-        super().__setattr__(name, value)
-        for obj in list(_watchers):
-            obj._rules_changed()
-
-
-sys.modules[__name__].__class__ = _RulesModule

@@ -27,24 +27,13 @@ def _z3mod() -> Any:
     return _z3
 
 
-def _ops(*values: object) -> Any:
-    """Where ``If``/``And``/``Or``/``Not`` come from for these symbolic values:
-    the z3 module, or the ``__sym_ops__`` of a value's type (the tracer of
-    :mod:`.specialise`, which prints a rule as inline Python)."""
-    for v in values:
-        ops = getattr(type(v), "__sym_ops__", None)
-        if ops is not None:
-            return ops
-    return _z3mod()
-
-
 def ite(cond: bool, then: T, other: T) -> T:
     """``then if cond else other``; a z3 ``If`` when ``cond`` is symbolic."""
     if cond is True:
         return then
     if cond is False:
         return other
-    result: T = _ops(cond, then, other).If(cond, then, other)
+    result: T = _z3mod().If(cond, then, other)
     return result
 
 
@@ -55,7 +44,7 @@ def vmax(a: T, b: T) -> T:
         return a
     if c is False:
         return b
-    result: T = _ops(c, a, b).If(c, a, b)
+    result: T = _z3mod().If(c, a, b)
     return result
 
 
@@ -66,7 +55,7 @@ def vmin(a: T, b: T) -> T:
         return a
     if c is False:
         return b
-    result: T = _ops(c, a, b).If(c, a, b)
+    result: T = _z3mod().If(c, a, b)
     return result
 
 
@@ -79,7 +68,7 @@ def conj(*conds: bool) -> bool:
             return a and b
     for c in conds:
         if c is not True and c is not False:
-            result: bool = _ops(*conds).And(*conds)
+            result: bool = _z3mod().And(*conds)
             return result
     return False not in conds
 
@@ -88,7 +77,7 @@ def disj(*conds: bool) -> bool:
     """Logical or of every condition."""
     for c in conds:
         if c is not True and c is not False:
-            result: bool = _ops(*conds).Or(*conds)
+            result: bool = _z3mod().Or(*conds)
             return result
     return True in conds
 
@@ -97,5 +86,5 @@ def neg(cond: bool) -> bool:
     """Logical not."""
     if cond is True or cond is False:
         return not cond
-    result: bool = _ops(cond).Not(cond)
+    result: bool = _z3mod().Not(cond)
     return result

@@ -19,7 +19,6 @@ from itertools import repeat
 from operator import attrgetter
 
 from . import rules as R
-from . import specialise
 from .checks import FIRST_NOW, advance, check_count, check_finite, check_positive, check_wire_id
 from .config import LeaseConfig
 from .deadlines import DeadlineQueue
@@ -44,6 +43,17 @@ _REASON = {
 }
 
 
+# -- the reaper's rule, as ordinary code (spec §8.5) -------------------------------------------
+def expire_end(state: int, deadline: float, now: float) -> int | None:
+    """:func:`.rules.expire_state` for a lease :func:`.rules.expire_due` finds due,
+    ``None`` for one it does not: what ``expire`` asks of each lease the queue hands it
+    (``leaseproto prove``, lemma L14, runs this on z3 terms and shows it equal to the
+    two rules)."""
+    if state == R.GRANTED and deadline <= now:
+        return R.EXPIRED
+    return None
+
+
 class LeaseTable(Renewals):
     """P's leases. Owns no clock: every time-dependent call takes ``now``.
 
@@ -62,14 +72,7 @@ class LeaseTable(Renewals):
         self._staged: OrderedDict[str, list[float]] = OrderedDict()
         self._last_now = FIRST_NOW
         self._c = dict.fromkeys((f.name for f in fields(TableStats)), 0)
-        # the loops generated from the rules (specialise), dropped when a rule is rebound
-        self._renew_loop: Callable[..., int] | None = None  # and _renew_rule, set with it
-        self._expire_one: Callable[..., int | None] | None = None
         self._tomb: tuple[int, float] = (R.ABSENT, -math.inf)
-        R.watch(self)
-
-    def _rules_changed(self) -> None:
-        self._renew_loop = self._expire_one = None
 
     # -- helpers --------------------------------------------------------------------------
     def _clock(self, now: float) -> None:
@@ -250,10 +253,6 @@ class LeaseTable(Renewals):
         distinct deadlines) that came due, not the number of live leases. Also
         forgets tombstones and staged notifications older than their TTLs."""
         self._clock(now)
-        one = self._expire_one
-        if one is None:
-            one = self._expire_one = specialise.expire_form(R.expire_due, R.expire_state).fn
-        due_rule, state_rule = R.expire_due, R.expire_state
         leases = self._leases
         ended = self._ended
         # every live lease with deadline <= now, in deadline order (ties in grant order),
@@ -263,20 +262,17 @@ class LeaseTable(Renewals):
         expired = 0
         if due:
             ends = {  # the rule, once per distinct (state, deadline) among them
-                one(s, d, now, due_rule, state_rule)
+                expire_end(s, d, now)
                 for s in set(map(_STATE, due))
                 for d in set(map(_DEADLINE, due))
             }
-            if ends <= {R.EXPIRED}:  # each one expires: what _end does, for the whole batch
+            if ends == {R.EXPIRED}:  # each one expires: what _end does, for the whole batch
                 out = self._expire_all(due, now)
                 expired = len(out)
-            else:  # a rebound rule: lease by lease
+            else:  # some is not due by the rule after all: lease by lease
                 for lease in due:
-                    state = one(lease.state, lease.deadline, now, due_rule, state_rule)
-                    if state is None:  # not due after all: back in the queue
-                        self._queue.requeue(lease)
-                    elif state != R.EXPIRED:
-                        out.append(self._end(lease, state, now))
+                    if expire_end(lease.state, lease.deadline, now) is None:
+                        self._queue.requeue(lease)  # back in the queue
                     else:
                         out.extend(self._expire_all([lease], now))
                         expired += 1

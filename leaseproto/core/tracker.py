@@ -85,8 +85,6 @@ class HeartbeatTracker:
         # the rule (see _threshold); -inf while some engine never had a
         # heartbeat (or is pending), +inf with no engine
         self._next_at = -math.inf
-        # a patched rule (rules.watch) drops the threshold: derived again next step
-        R.watch(self)
         self._last_now = FIRST_NOW
         self._tracked = 0
         self._c = {
@@ -178,9 +176,6 @@ class HeartbeatTracker:
             del self._engine_of[rid]
         self._c["dropped"] += len(reqs)
         return list(reqs)
-
-    def _rules_changed(self) -> None:
-        self._next_at = -math.inf
 
     def _threshold(self) -> float:
         """The smallest ``now`` at which the oldest engine is due, found by

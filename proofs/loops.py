@@ -1,0 +1,344 @@
+"""Lemma L14: the runtime's hot loops, run on z3 terms, do what the rules say.
+
+The renewal loops of ``core/renewal.py`` (``renew_ids`` and the two it hands a
+heartbeat naming only live leases to) and the reaper's ``expire_end`` of
+``core/table.py`` are ordinary Python, written beside the rules they stand for.
+Here that code is *run*: called on :class:`Sym` values, which wrap z3 terms.
+Arithmetic and comparisons on them build terms; where the code branches on one
+(an ``if``, an ``and``, a conditional expression), ``Sym.__bool__`` asks
+:class:`Paths` which way to go. Each function is run once per path through it,
+depth first (a run replays the choices of the one before and takes the other
+way at the deepest choice left), and each run yields the path's condition and
+what the code did: the deadlines and last renewals it stored, its counters, the
+ids it reported lost, what it returned. The obligation says no path does
+anything else than the rules (``renew_rule``, ``renew_lost``; ``expire_due``,
+``expire_state``) applied to each id in turn: over reals and over IEEE doubles
+(where ``==`` is identity of the value: ``-0.0`` is not ``0.0``).
+
+So a change to a loop that changes what it does fails ``leaseproto prove``, and
+so does a change to a rule the loop no longer follows. The loops run on the
+table's live leases, which are GRANTED (the table takes a lease out of its live
+map before it ends it; ``tests/test_hot_paths.py`` checks this over random
+histories): that is the one hypothesis, and a tombstone's state is an end state.
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import z3
+
+from leaseproto.core import renewal, table
+from leaseproto.core import rules as R
+
+SYSTEM = "loops"
+ENDED = (R.TRANSFERRED, R.EXPIRED, R.ABORTED)
+
+
+class Paths:
+    """The choices of one run, and the runs of every path (see the module doc)."""
+
+    def __init__(self) -> None:
+        self.forced: list[bool] = []
+        self.taken: list[bool] = []
+        self.conds: list[Any] = []
+
+    def decide(self, cond: Any) -> bool:
+        i = len(self.taken)
+        choice = self.forced[i] if i < len(self.forced) else True
+        self.taken.append(choice)
+        self.conds.append(cond if choice else z3.Not(cond))
+        return choice
+
+    def runs(self, fn: Callable[[], Any]) -> Iterator[tuple[Any, Any]]:
+        """``(path condition, fn's result)`` for every path through ``fn``."""
+        self.forced = []
+        while True:
+            self.taken, self.conds = [], []
+            result = fn()
+            yield z3.And(*self.conds), result
+            taken = self.taken
+            while taken and not taken[-1]:
+                taken.pop()
+            if not taken:
+                return
+            self.forced = [*taken[:-1], False]
+
+
+def _term(v: Any) -> Any:
+    return v.t if isinstance(v, Sym) else v
+
+
+class Sym:
+    """A z3 term the loop computes with; branching on it is a choice of :class:`Paths`."""
+
+    __slots__ = ("paths", "t")
+    __hash__ = None  # type: ignore[assignment]  # == builds a term
+
+    def __init__(self, t: Any, paths: Paths) -> None:
+        self.t, self.paths = t, paths
+
+    def _op(self, other: Any, f: Callable[[Any, Any], Any], *, flip: bool = False) -> Sym:
+        a, b = self.t, _term(other)
+        return Sym(f(b, a) if flip else f(a, b), self.paths)
+
+    def __bool__(self) -> bool:
+        return self.paths.decide(self.t)
+
+    def __add__(self, o: Any) -> Sym:
+        return self._op(o, operator.add)
+
+    def __radd__(self, o: Any) -> Sym:
+        return self._op(o, operator.add, flip=True)
+
+    def __sub__(self, o: Any) -> Sym:
+        return self._op(o, operator.sub)
+
+    def __rsub__(self, o: Any) -> Sym:
+        return self._op(o, operator.sub, flip=True)
+
+    def __mul__(self, o: Any) -> Sym:
+        return self._op(o, operator.mul)
+
+    def __rmul__(self, o: Any) -> Sym:
+        return self._op(o, operator.mul, flip=True)
+
+    def __truediv__(self, o: Any) -> Sym:
+        return self._op(o, operator.truediv)
+
+    def __rtruediv__(self, o: Any) -> Sym:
+        return self._op(o, operator.truediv, flip=True)
+
+    def __lt__(self, o: Any) -> Sym:
+        return self._op(o, operator.lt)
+
+    def __le__(self, o: Any) -> Sym:
+        return self._op(o, operator.le)
+
+    def __gt__(self, o: Any) -> Sym:
+        return self._op(o, operator.gt)
+
+    def __ge__(self, o: Any) -> Sym:
+        return self._op(o, operator.ge)
+
+    def __eq__(self, o: object) -> Sym:  # type: ignore[override]
+        return self._op(o, operator.eq)
+
+    def __ne__(self, o: object) -> Sym:  # type: ignore[override]
+        return self._op(o, operator.ne)
+
+
+def _number(kind: str, name: str) -> Any:
+    return z3.Real(name) if kind == "real" else z3.FP(name, z3.Float64())
+
+
+class _Lease:
+    """What the loops read and write of a :class:`~leaseproto.core.lease.Lease`."""
+
+    __slots__ = ("cap_at", "deadline", "last_renewal", "req_id", "state")
+
+    def __init__(self, req_id: str, state: Any, deadline: Any, cap_at: Any, last: Any) -> None:
+        self.req_id, self.state, self.deadline = req_id, state, deadline
+        self.cap_at, self.last_renewal = cap_at, last
+
+
+@dataclass
+class Check:
+    """One obligation's formula: a disjunct per (case, path) that would differ from
+    the rules, with a label each so a counterexample can be named."""
+
+    hyps: list[Any]
+    bad: list[tuple[str, Any]]
+    error: str = ""
+
+
+# -- renewals (spec §8.2) ------------------------------------------------------------------
+#: the ids of a heartbeat: ``a``, ``b`` name live leases, ``x`` a tombstone, ``u`` nothing
+KINDS = "abxu"
+
+
+def renew_check(kind: str, *, capped: bool, max_ids: int = 2) -> Check:
+    """``renewal.renew_ids`` on every heartbeat of up to ``max_ids`` ids over
+    :data:`KINDS` (duplicates included), with and without ``lost``."""
+    n = lambda name: _number(kind, name)  # noqa: E731
+    now, ext = n("now"), n("extension")
+    var = {k: (n(f"deadline_{k}"), n(f"cap_at_{k}"), n(f"last_renewal_{k}")) for k in "ab"}
+    tomb_state = z3.Int("tomb_state_x")
+    other_deadline = n("deadline_x")  # what a rule is given for an id with no lease
+    hyps = [z3.Or(*(tomb_state == s for s in ENDED))]
+    state = {k: z3.Int(f"state_{k}") for k in "ab"}
+    hyps += [state[k] == R.GRANTED for k in "ab"]  # the table's live map (module doc)
+    check = Check(hyps, [])
+    for size in range(1, max_ids + 1):
+        for ids in itertools.product(KINDS, repeat=size):
+            for with_lost in (True, False):
+                label = f"ids {','.join(ids)}{'' if with_lost else ', lost=None'}"
+                want = _renew_expected(
+                    ids, var, state, tomb_state, other_deadline, now, ext, capped
+                )
+                paths = Paths()
+
+                def run(
+                    ids: tuple[str, ...] = ids, with_lost: bool = with_lost, paths: Paths = paths
+                ) -> Any:
+                    return _renew_run(
+                        ids, var, state, tomb_state, now, ext, capped, with_lost, paths
+                    )
+
+                try:
+                    for pc, got in paths.runs(run):
+                        check.bad.append((label, z3.And(pc, _renew_differs(got, want, with_lost))))
+                except Exception as exc:  # the loop did what no path can: the check fails
+                    check.error = f"{label}: the loop raised {type(exc).__name__}: {exc}"
+                    return check
+    return check
+
+
+def _renew_run(  # noqa: PLR0917
+    ids: tuple[str, ...],
+    var: dict[str, tuple[Any, Any, Any]],
+    state: dict[str, Any],
+    tomb_state: Any,
+    now: Any,
+    ext: Any,
+    capped: bool,
+    with_lost: bool,
+    paths: Paths,
+) -> dict[str, Any]:
+    def s(t: Any) -> Sym:
+        return Sym(t, paths)
+
+    leases = {
+        k: _Lease(k, s(state[k]), s(d), s(c) if capped else None, s(last))
+        for k, (d, c, last) in var.items()
+    }
+    found = [leases.get(k) for k in ids]
+    ended = {"x": (s(tomb_state), s(z3.Real("ended_at_x")))}
+    lost: list[str] | None = [] if with_lost else None
+    c = {"renew_unknown": 0, "renew_late": 0, "renew_lapsed": 0}
+    every = all(found)
+    renewed = renewal.renew_ids(list(ids), found, every, ended, s(now), s(ext), capped, lost, c)
+    return {
+        "renewed": renewed,
+        "counters": dict(c),
+        "lost": list(lost or []),
+        "deadline": {k: _term(v.deadline) for k, v in leases.items()},
+        "last_renewal": {k: _term(v.last_renewal) for k, v in leases.items()},
+    }
+
+
+def _renew_expected(  # noqa: PLR0917
+    ids: tuple[str, ...],
+    var: dict[str, tuple[Any, Any, Any]],
+    state: dict[str, Any],
+    tomb_state: Any,
+    other_deadline: Any,
+    now: Any,
+    ext: Any,
+    capped: bool,
+) -> dict[str, Any]:
+    """The rules applied to each id in turn: what the loop must do."""
+    deadline = {k: d for k, (d, _, _) in var.items()}
+    last = {k: lr for k, (_, _, lr) in var.items()}
+    renewed: list[Any] = []
+    counts: dict[str, list[Any]] = {"renew_unknown": [], "renew_late": [], "renew_lapsed": []}
+    lost: list[tuple[str, Any]] = []
+    for rid in ids:
+        if rid in var:
+            st, d, cap = state[rid], deadline[rid], var[rid][1] if capped else None
+        else:
+            st = tomb_state if rid == "x" else R.ABSENT
+            d, cap = other_deadline, None
+        applies, new = R.renew_rule(st, d, cap, now, ext)
+        if rid in var:
+            deadline[rid] = new
+            last[rid] = z3.If(applies, now, last[rid])
+        renewed.append(applies)
+        counts["renew_lapsed"].append(z3.And(st == R.GRANTED, z3.Not(applies)))
+        counts["renew_late"].append(z3.Or(*(st == e for e in ENDED)))
+        counts["renew_unknown"].append(st == R.ABSENT)
+        lost.append((rid, R.renew_lost(st, applies)))
+    return {
+        "renewed": _count(renewed),
+        "counters": {k: _count(v) for k, v in counts.items()},
+        "lost": lost,
+        "deadline": deadline,
+        "last_renewal": last,
+    }
+
+
+def _count(conds: list[Any]) -> Any:
+    return z3.Sum(*(z3.If(c, 1, 0) for c in conds)) if conds else z3.IntVal(0)
+
+
+def _renew_differs(got: dict[str, Any], want: dict[str, Any], with_lost: bool) -> Any:
+    diffs = [want["renewed"] != got["renewed"]]
+    diffs += [want["counters"][k] != got["counters"][k] for k in want["counters"]]
+    for field in ("deadline", "last_renewal"):
+        diffs += [z3.Not(got[field][k] == want[field][k]) for k in want[field]]
+    if with_lost:
+        diffs.append(z3.Not(_lost_is(want["lost"], got["lost"])))
+    return z3.Or(*diffs)
+
+
+def _lost_is(want: list[tuple[str, Any]], got: list[str]) -> Any:
+    """``got`` (a run's concrete list) is the ids of ``want`` whose condition holds, in
+    order."""
+
+    def match(j: int, m: int) -> Any:
+        if j == len(want):
+            return z3.BoolVal(m == len(got))
+        rid, cond = want[j]
+        take = match(j + 1, m + 1) if m < len(got) and got[m] == rid else z3.BoolVal(False)
+        return z3.If(cond, take, match(j + 1, m))
+
+    return match(0, 0)
+
+
+# -- expiry (spec §8.5) --------------------------------------------------------------------
+def expire_check(kind: str) -> Check:
+    """``table.expire_end`` against ``expire_due`` and ``expire_state``, any state."""
+    st, deadline, now = z3.Int("state"), _number(kind, "deadline"), _number(kind, "now")
+    due = R.expire_due(st, deadline, now)
+    end = R.expire_state(st, deadline, now)
+    check = Check([], [])
+    paths = Paths()
+
+    def run() -> Any:
+        return table.expire_end(Sym(st, paths), Sym(deadline, paths), Sym(now, paths))  # type: ignore[arg-type]
+
+    try:
+        for pc, result in paths.runs(run):
+            got = _term(result)
+            differs = due if got is None else z3.Or(z3.Not(due), end != got)
+            check.bad.append(("expire_end", z3.And(pc, differs)))
+    except Exception as exc:
+        check.error = f"expire_end raised {type(exc).__name__}: {exc}"
+    return check
+
+
+# -- the obligations -----------------------------------------------------------------------
+def checks(only: str = "") -> list[tuple[str, Check]]:
+    """Every check (those whose label contains ``only``), by its obligation's label;
+    built now, from the current code."""
+    todo: list[tuple[str, Callable[[], Check]]] = []
+    for kind in ("real", "ieee"):
+        for capped in (False, True):
+            cap = "capped" if capped else "uncapped"
+            todo.append(
+                (
+                    f"L14 renew loops = renew_rule, renew_lost ({cap}, {kind})",
+                    lambda kind=kind, capped=capped: renew_check(kind, capped=capped),
+                )
+            )
+        todo.append(
+            (
+                f"L14 expire_end = expire_due, expire_state ({kind})",
+                lambda kind=kind: expire_check(kind),
+            )
+        )
+    return [(label, build()) for label, build in todo if only in label]
