@@ -1,7 +1,7 @@
 """Lemma L14: the runtime's hot loops, run on z3 terms, do what the rules say.
 
-The renewal loops of ``core/renewal.py`` (``renew_ids`` and the two it hands a
-heartbeat naming only live leases to) and the reaper's ``expire_end`` of
+The renewal loops of ``core/renewal.py`` (``renew_ids``, with its loop for a
+heartbeat naming only live leases, and ``renew_capped``) and the reaper's ``expire_end`` of
 ``core/table.py`` are ordinary Python, written beside the rules they stand for.
 Here that code is *run*: called on :class:`Sym` values, which wrap z3 terms.
 Arithmetic and comparisons on them build terms; where the code branches on one

@@ -223,9 +223,9 @@ NEW_CHECKS: dict[str, tuple[Any, Any, str]] = {
         lambda mp: mutate(
             mp,
             renewal,
-            "renew_uncapped",
-            "target = now + extension",
-            "target = now + extension + 1",
+            "renew_ids",
+            "held.deadline = deadline if deadline >= target else target  # vmax (I1)",
+            "held.deadline = deadline if deadline >= target + 1 else target + 1",
         ),
         SCOPES["small"],
         "I6",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 import json
 import re
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -132,12 +133,12 @@ def test_a_broken_renewal_loop_fails_the_scenarios(monkeypatch: pytest.MonkeyPat
     max (breaking I1) and the hand-written expectations catch it."""
     from leaseproto.core import renewal
 
-    src = inspect.getsource(renewal.renew_uncapped)
-    old = "lease.deadline = deadline if deadline >= target else target"
+    src = inspect.getsource(renewal.renew_ids)
+    old = "held.deadline = deadline if deadline >= target else target"
     assert src.count(old) == 1
     ns: dict[str, Any] = {}
-    exec(src.replace(old, "lease.deadline = target"), vars(renewal), ns)
-    monkeypatch.setattr(renewal, "renew_uncapped", ns["renew_uncapped"])
+    exec(textwrap.dedent(src).replace(old, "held.deadline = target"), vars(renewal), ns)
+    monkeypatch.setattr(renewal, "renew_ids", ns["renew_ids"])
     result = replay_text((SCENARIOS / "normal.jsonl").read_text())
     assert result.expects_failed >= 1
     assert any("EXPECT FAILED" in e.text and "deadline of cmpl-1" in e.text for e in result.events)

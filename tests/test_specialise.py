@@ -73,12 +73,12 @@ def _mutant(tmp_path: Path, name: str, old: str, new: str) -> ModuleType:
 
 
 _LAPSED_RENEWS = (
-    "        deadline = lease.deadline\n"
-    "        if now < deadline:\n"
-    "            lease.deadline = deadline if deadline >= target else target  # vmax (I1)",
-    "        deadline = lease.deadline\n"
-    "        if True:\n"
-    "            lease.deadline = deadline if deadline >= target else target  # vmax (I1)",
+    "            deadline = held.deadline\n"
+    "            if now < deadline:\n"
+    "                held.deadline = deadline if deadline >= target else target  # vmax (I1)",
+    "            deadline = held.deadline\n"
+    "            if True:\n"
+    "                held.deadline = deadline if deadline >= target else target  # vmax (I1)",
 )
 
 #: name -> (core module, old, new, a label that must FAIL)
@@ -86,16 +86,14 @@ SEEDED: dict[str, tuple[str, str, str, str]] = {
     "the common loop revives a lapsed lease": ("renewal", *_LAPSED_RENEWS, "(uncapped, real)"),
     "the common loop renews at the deadline": (
         "renewal",
-        "        deadline = lease.deadline\n        if now < deadline:\n"
-        "            lease.deadline = d",
-        "        deadline = lease.deadline\n        if now <= deadline:\n"
-        "            lease.deadline = d",
+        "deadline = held.deadline\n            if now < deadline:",
+        "deadline = held.deadline\n            if now <= deadline:",
         "(uncapped, real)",
     ),
     "the common loop assigns instead of max": (
         "renewal",
-        "lease.deadline = deadline if deadline >= target else target  # vmax (I1)",
-        "lease.deadline = target",
+        "held.deadline = deadline if deadline >= target else target  # vmax (I1)",
+        "held.deadline = target",
         "(uncapped, ieee)",
     ),
     "the capped loop ignores the cap": (
@@ -124,9 +122,8 @@ SEEDED: dict[str, tuple[str, str, str, str]] = {
     ),
     "the common loop does not subtract a lapsed lease": (
         "renewal",
-        "else target  # vmax (I1)\n            lease.last_renewal = now\n            continue\n"
-        "        lapsed += 1\n",
-        "else target  # vmax (I1)\n            lease.last_renewal = now\n            continue\n",
+        "            lapsed += 1\n            _lapsed(held.req_id",
+        "            _lapsed(held.req_id",
         "(uncapped, ieee)",
     ),
     "the capped loop keeps the old last renewal": (
@@ -304,3 +301,26 @@ def test_expire_end_matches_the_rules(state: int, deadline: float, now: float) -
     assert table.expire_end(state, deadline, now) == (
         R.expire_state(state, deadline, now) if due else None
     )
+
+
+def test_expire_requeues_a_lease_the_reaper_s_rule_spares(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``expire`` asks ``expire_end`` of what the queue hands it and puts back a lease it
+    finds not due (never, while the queue hands only due leases: the table system's L11;
+    here ``expire_end`` is replaced by one with 5 s of grace to reach that branch)."""
+    from leaseproto import LeaseConfig, LeaseTable, ReleaseReason
+
+    def with_grace(state: int, deadline: float, now: float) -> int | None:
+        return R.EXPIRED if state == R.GRANTED and deadline + 5.0 <= now else None
+
+    t = LeaseTable(LeaseConfig(tombstone_capacity=1))
+    t.grant("a", now=0.0)
+    t.grant("b", now=0.0, ttl=40.0)
+    t.grant("c", now=0.0, ttl=36.0)
+    monkeypatch.setattr(table, "expire_end", with_grace)
+    got = [(r.req_id, r.reason) for r in t.expire(now=42.0)]
+    assert got == [("a", ReleaseReason.EXPIRED), ("c", ReleaseReason.EXPIRED)]
+    assert t.stats.released_expired == 2 and t.live() == ["b"] and t.next_deadline() == 40.0
+    assert t.ended("c") is ReleaseReason.EXPIRED and t.ended("a") is None  # capacity 1
+    assert t.expire(now=44.0) == []
+    assert [r.req_id for r in t.expire(now=45.0)] == ["b"]
+    assert t.stats.released_expired == 3

@@ -80,6 +80,9 @@ EQUIVALENT: dict[str, str] = {
     "bucket's last entry has the same `seq`; a bucket is sorted by `seq`, so insort_right puts "
     "the lease at the end too: the same list (the take_due entry above, for the inline copy)",
     # -- renewal.py --
+    "renewal.py:renew_ids:constant True -> False:True#0": "`zip(ids, found, strict=False)`: "
+    "every caller builds `found` as `list(map(self._leases.get, ids))`, so the two always have "
+    "the same length and `strict` never raises",
     "renewal.py:Renewals.renew:or -> and:type(req_ids) is list or type(req_ids) is tuple#0": (
         "a fast-path guard: with it failing, a list or tuple of ids is copied with `list()` "
         "instead of used as given; the copy is equal, and the renew loop only reads the ids "

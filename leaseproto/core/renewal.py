@@ -2,8 +2,9 @@
 and renews in one pass (:meth:`renew_heartbeat`), as a part of
 :class:`~leaseproto.core.table.LeaseTable`.
 
-Both run :func:`renew_ids`: :func:`.rules.renew_rule` written out as a loop over the
-ids, proven equal to the rule by ``leaseproto prove`` (lemma L14), which runs this
+Both run :func:`renew_ids`: :func:`.rules.renew_rule` written out as loops over the
+ids (one for a heartbeat naming only live leases, one with caps, one for the rest),
+proven equal to the rule by ``leaseproto prove`` (lemma L14), which runs this
 module's loops on z3 terms.
 """
 
@@ -144,12 +145,21 @@ def renew_ids(  # noqa: PLR0917 - the loop's inputs, in one call
     ``None``) and return how many were renewed. ``ended`` holds the tombstones,
     ``capped``: the leases have a ``cap_at`` (``max_lease_lifetime`` is set), ``c``
     the counters."""
-    if every:
+    target = now + extension
+    if every:  # every id names a live lease (the common heartbeat): no test for None
         live: Sequence[Lease] = found  # type: ignore[assignment]  # none is None
         if capped:
             return renew_capped(live, now, extension, lost, c)
-        return renew_uncapped(live, now, extension, lost, c)
-    target = now + extension
+        lapsed = 0
+        for held in live:
+            deadline = held.deadline
+            if now < deadline:
+                held.deadline = deadline if deadline >= target else target  # vmax (I1)
+                held.last_renewal = now
+                continue
+            lapsed += 1
+            _lapsed(held.req_id, lost, c)
+        return len(live) - lapsed
     renewed = 0
     for rid, lease in zip(ids, found, strict=True):
         if lease is None:  # no live lease: never created or revived (I2)
@@ -175,28 +185,10 @@ def renew_ids(  # noqa: PLR0917 - the loop's inputs, in one call
     return renewed
 
 
-def renew_uncapped(
-    leases: Sequence[Lease], now: float, extension: float, lost: list[str] | None, c: dict[str, int]
-) -> int:
-    """:func:`renew_ids` when every id names a live lease and there is no cap (the
-    common heartbeat)."""
-    target = now + extension
-    lapsed = 0
-    for lease in leases:
-        deadline = lease.deadline
-        if now < deadline:
-            lease.deadline = deadline if deadline >= target else target  # vmax (I1)
-            lease.last_renewal = now
-            continue
-        lapsed += 1
-        _lapsed(lease.req_id, lost, c)
-    return len(leases) - lapsed
-
-
 def renew_capped(
     leases: Sequence[Lease], now: float, extension: float, lost: list[str] | None, c: dict[str, int]
 ) -> int:
-    """:func:`renew_ids` when every id names a live lease and each has a cap."""
+    """:func:`renew_ids`'s common loop when each lease has a cap."""
     target = now + extension
     lapsed = 0
     for lease in leases:
