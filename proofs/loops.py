@@ -24,6 +24,7 @@ histories): that is the one hypothesis, and a tombstone's state is an end state.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import operator
 from collections.abc import Callable, Iterator
@@ -164,7 +165,10 @@ KINDS = "abxu"
 def renew_check(kind: str, *, capped: bool, max_ids: int = 2) -> Check:
     """``renewal.renew_ids`` on every heartbeat of up to ``max_ids`` ids over
     :data:`KINDS` (duplicates included), with and without ``lost``."""
-    n = lambda name: _number(kind, name)  # noqa: E731
+
+    def n(name: str) -> Any:
+        return _number(kind, name)
+
     now, ext = n("now"), n("extension")
     var = {k: (n(f"deadline_{k}"), n(f"cap_at_{k}"), n(f"last_renewal_{k}")) for k in "ab"}
     tomb_state = z3.Int("tomb_state_x")
@@ -221,7 +225,9 @@ def _renew_run(  # noqa: PLR0917
     lost: list[str] | None = [] if with_lost else None
     c = {"renew_unknown": 0, "renew_late": 0, "renew_lapsed": 0}
     every = all(found)
-    renewed = renewal.renew_ids(list(ids), found, every, ended, s(now), s(ext), capped, lost, c)
+    # the product's loop, typed for floats, run as it is on symbolic values
+    renew_ids: Any = renewal.renew_ids
+    renewed = renew_ids(list(ids), found, every, ended, s(now), s(ext), capped, lost, c)
     return {
         "renewed": renewed,
         "counters": dict(c),
@@ -332,13 +338,13 @@ def checks(only: str = "") -> list[tuple[str, Check]]:
             todo.append(
                 (
                     f"L14 renew loops = renew_rule, renew_lost ({cap}, {kind})",
-                    lambda kind=kind, capped=capped: renew_check(kind, capped=capped),
+                    functools.partial(renew_check, kind, capped=capped),
                 )
             )
         todo.append(
             (
                 f"L14 expire_end = expire_due, expire_state ({kind})",
-                lambda kind=kind: expire_check(kind),
+                functools.partial(expire_check, kind),
             )
         )
     return [(label, build()) for label, build in todo if only in label]
