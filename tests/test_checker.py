@@ -23,11 +23,13 @@ from leaseproto.core.table import LeaseTable
 from leaseproto.core.tracker import HeartbeatTracker
 
 
-def mutate(mp: pytest.MonkeyPatch, cls: Any, name: str, old: str, new: str) -> None:
+def mutate(
+    mp: pytest.MonkeyPatch, cls: Any, name: str, old: str, new: str, *, count: int = 1
+) -> None:
     """Replace ``cls.name`` (a method, or a module's function) by its own source with
-    ``old`` replaced by ``new``."""
+    ``old`` (found exactly ``count`` times) replaced by ``new``."""
     src = textwrap.dedent(inspect.getsource(getattr(cls, name)))
-    assert src.count(old) == 1, f"{old!r} not found once in {cls.__name__}.{name}"
+    assert src.count(old) == count, f"{old!r} not found {count} times in {cls.__name__}.{name}"
     code = compile(
         src.replace(old, new),
         f"<mutant {cls.__name__}.{name}>",

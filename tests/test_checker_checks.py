@@ -17,53 +17,66 @@ from leaseproto.checker import INVARIANTS, SCOPES, check
 from leaseproto.checker.compaction import EagerQueue
 from leaseproto.checker.explore import CRASH, MISUSE, OK, VIOLATION
 from leaseproto.checker.scope import QUICK
-from leaseproto.core import rules
+from leaseproto.core import renewal, rules
 from leaseproto.core.deadlines import DeadlineQueue
 from leaseproto.core.errors import LocalProtocolError
 from leaseproto.core.table import LeaseTable
 
-
-def _rule(mp: pytest.MonkeyPatch, wrap: Any) -> None:
-    """Rebind the renewal rule to ``wrap(orig, *args)`` (the table's loop follows)."""
-    orig = rules.renew_rule
-    mp.setattr(rules, "renew_rule", lambda *a: wrap(orig, *a))
+# The renewal mutants change the loops the table runs (core/renewal.py): the
+# common loop of renew_ids and renew_capped for capped leases, and renew_ids'
+# general loop (tombstones, unknown ids), so whichever loop a scope reaches is wrong.
 
 
-def _lapsed_renews(orig: Any, *a: Any) -> Any:
+def _lapsed_renews(mp: pytest.MonkeyPatch) -> None:
     """A renewal that also applies at ``now >= deadline`` (before the reap)."""
-    state, deadline, cap, now, ext = a
-    applies, _ = orig(state, now + 1.0, cap, now, ext)
-    return applies, max(deadline, now + ext) if applies else deadline
+    mutate(mp, renewal, "renew_ids", "if now < deadline:", "if True:", count=2)
+    mutate(mp, renewal, "renew_capped", "if now < deadline:", "if True:")
 
 
-def _short(orig: Any, *a: Any) -> Any:
-    state, deadline, cap, now, ext = a
-    return orig(state, deadline, cap, now, ext - 0.5)
+def _short(mp: pytest.MonkeyPatch) -> None:
+    """A renewal half a tick short of ``now + lease_extension``."""
+    for loop in ("renew_ids", "renew_capped"):
+        old = "target = now + extension"
+        mutate(mp, renewal, loop, old, old + " - 0.5")
 
 
 def _cap_by(shift: float) -> Any:
-    def rule(orig: Any, *a: Any) -> Any:
-        state, deadline, cap, now, ext = a
-        return orig(state, deadline, None if cap is None else cap + shift, now, ext)
+    """A renewal capped ``shift`` past (or, negative, before) ``granted_at + cap``."""
 
-    return rule
+    def apply(mp: pytest.MonkeyPatch) -> None:
+        mutate(
+            mp,
+            renewal,
+            "renew_ids",
+            "new = new if new <= cap_at else cap_at",
+            f"new = new if new <= cap_at + {shift} else cap_at + {shift}",
+        )
+        mutate(
+            mp,
+            renewal,
+            "renew_capped",
+            "new = target if target <= cap_at else cap_at",
+            f"new = target if target <= cap_at + {shift} else cap_at + {shift}",
+        )
+
+    return apply
 
 
 #: name -> (apply the mutant, scope, the invariant the new check names)
 CHECKS: dict[str, tuple[Any, Any, str]] = {
     "a heartbeat renews a lapsed lease (I2)": (
-        lambda mp: _rule(mp, _lapsed_renews),
+        _lapsed_renews,
         QUICK["small-pause"],
         "I2",
     ),
-    "a renewal half a tick short (I8)": (lambda mp: _rule(mp, _short), QUICK["small"], "I8"),
+    "a renewal half a tick short (I8)": (_short, QUICK["small"], "I8"),
     "a renewal half a tick past the cap (I7)": (
-        lambda mp: _rule(mp, _cap_by(0.5)),
+        _cap_by(0.5),
         QUICK["cap"],
         "I7",
     ),
     "a renewal stopping half a tick before the cap (I8)": (
-        lambda mp: _rule(mp, _cap_by(-0.5)),
+        _cap_by(-0.5),
         QUICK["cap"],
         "I8",
     ),
