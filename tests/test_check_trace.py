@@ -339,6 +339,25 @@ def test_a_first_notification_held_by_the_sender_gate_is_no_A1_breach(tmp_path: 
     assert report.ok, [str(v) for v in report.violations]
 
 
+def test_a_forgotten_senders_notification_held_by_the_gate_is_no_A1_breach(
+    tmp_path: Path,
+) -> None:
+    """P forgot D (its metadata removed, spec §10.2) after handling D's first
+    notification: D's next one waits in the sender gate as a stranger's would,
+    and P may reap meanwhile (the real run that showed it: tests/test_e2e_bound's
+    forgetting test). Without the ``forget`` event the same trace breaks A1."""
+    p, d = legal()
+    i = _find(p, ev="recv", t=101.5)
+    p.insert(i + 1, {"ev": "expire", "t": 101.5, "now": 101.5, "n": 0})
+    p.insert(i, {"ev": "forget", "t": 101.4, "now": 101.4, "agents": [D]})
+    report = check_files(_write(tmp_path, p, d))
+    assert report.ok, [str(v) for v in report.violations]
+    del p[i]
+    report = check_files(_write(tmp_path, p, d))
+    first = report.first()
+    assert first is not None and first.invariant == "A1", [str(v) for v in report.violations]
+
+
 def _staged_then_granted() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """D's transfer-done (n = 1) reaches P before its grant to 2 consumers: the
     spec releases the lease at the grant (the staged ``n`` decides); this P

@@ -24,7 +24,10 @@ Beside them: P's ``now`` never goes back (§10: the table would refuse it), and
 **A1**: P reaps only once it has handled what it had received -- a
 notification a poll returned before an ``expire`` and handled after it broke
 A1 (a sender P has not handled anything from yet may be held by the sender
-gate until its metadata arrives, and is excused). A malformed event is a
+gate until its metadata arrives, and is excused; so is one P forgot, a
+``forget`` event, until P handles something from it again: its metadata is
+gone and its next notifications wait in the gate as a stranger's do, §10.2).
+A malformed event is a
 violation naming its line, not an error.
 
 A ``handle`` event's ``refused`` ids are acts the worker ignored because
@@ -173,6 +176,10 @@ class PrefillReplay:
             self._out_renew(e, o)
         elif kind == "send":
             self._out_send(e, o)
+        elif kind == "forget":
+            # P removed these agents' metadata: what they send next may be held
+            # by the sender gate until they push it again (A1 excuses it)
+            self.known.difference_update(str(a) for a in o["agents"])
 
     def finish(self) -> None:
         if self.complete:
