@@ -14,8 +14,10 @@ pytest.importorskip("vllm", reason="vLLM is not installed (the vLLM venv of .ci/
 
 from vllm_stubs import (
     d_request,
+    make_reader,
     make_scheduler,
     make_worker,
+    recv_meta,
     worker_stat,
 )
 
@@ -249,7 +251,7 @@ def _pair(clock: dict[str, float]) -> tuple[Any, Any]:
     p.nixl_wrapper.deliver("d-agent", hello)
     assert p._get_new_notifs() == set()
     assert p.nixl_wrapper.added == [d.nixl_wrapper.get_agent_metadata()]
-    d._verifier().expect("d1", "p1")
+    d._verifier().expect("d1", "p1", "p-agent", now=clock["t"])
     d._recving_transfers = {"d1": [7]}
     return p, d
 
@@ -297,17 +299,17 @@ def test_hello_and_verification_only_toward_an_advertised_p(
     )
 
     issued: list[str] = []
-    monkeypatch.setattr(
-        NixlPullConnectorWorker, "_read_blocks_for_req", lambda self, rid, meta: issued.append(rid)
-    )
-    d = make_worker(True, agents={"P0": {(0, 0): "p-agent"}})
+
+    def post(self: Any, **kw: Any) -> bool:
+        issued.append(kw["request_id"])
+        return True
+
+    monkeypatch.setattr(NixlPullConnectorWorker, "_read_blocks", post)
+    d = make_reader(1, 0, 1)  # vLLM's _read_blocks_for_req picks the ranks
     if advertised:
         d._lp_set("_lp_advertised").add("d1")
-    meta = SimpleNamespace(
-        remote=SimpleNamespace(engine_id="P0", request_id="p1"), local_block_ids=([1],)
-    )
-    d._read_blocks_for_req("d1", meta)
-    d._read_blocks_for_req("d1", meta)
+    d._read_blocks_for_req("d1", recv_meta("d1", "p1"))
+    d._read_blocks_for_req("d1", recv_meta("d1", "p1"))
     assert issued == ["d1", "d1"]
     d._recving_transfers = {"d1": [7]}
     done = d._pop_done_transfers(d._recving_transfers)

@@ -27,9 +27,11 @@ from leaseproto.integrations.vllm.worker import LeaseprotoConnectorWorker
 class RecordingNixl:
     """A NIXL wrapper that records every notification sent and delivers queued ones."""
 
-    def __init__(self) -> None:
+    def __init__(self, name: str = "d-agent") -> None:
+        self.name = name
         self.sent: list[tuple[str, bytes]] = []
         self.inbox: dict[str, list[bytes]] = {}
+        self.removed: list[str] = []
 
     def send_notif(self, agent_name: str, notif_msg: bytes) -> None:
         self.sent.append((agent_name, bytes(notif_msg)))
@@ -39,11 +41,18 @@ class RecordingNixl:
         return out
 
     def get_agent_metadata(self) -> bytes:
-        return b"\x00agent-metadata\xff"
+        if self.name == "d-agent":
+            return b"\x00agent-metadata\xff"
+        return b"meta:" + self.name.encode()
 
     def add_remote_agent(self, metadata: bytes) -> str:
+        """The agent name the metadata carries (``get_agent_metadata``'s form)."""
         self.added = [*getattr(self, "added", []), bytes(metadata)]
-        return "d-agent"
+        data = bytes(metadata)
+        return data[5:].decode() if data.startswith(b"meta:") else "d-agent"
+
+    def remove_remote_agent(self, agent_name: str) -> None:
+        self.removed.append(agent_name)
 
     def check_xfer_state(self, handle: int) -> str:
         return "DONE"
@@ -64,6 +73,7 @@ def make_worker(
     kv_lease_duration: int = 30,
     extra: dict[str, Any] | None = None,
     agents: dict[str, dict[tuple[int, int], str]] | None = None,
+    name: str = "d-agent",
 ) -> Any:
     cls = LeaseprotoConnectorWorker if ours else NixlPullConnectorWorker
     w = object.__new__(cls)
@@ -78,7 +88,7 @@ def make_worker(
     w.consumer_notification_counts_by_req = defaultdict(int)
     w.expected_consumer_notifications_by_req = {}
     w.xfer_stats = LeaseprotoKVConnectorStats() if ours else NixlKVConnectorStats()
-    w.nixl_wrapper = RecordingNixl()
+    w.nixl_wrapper = RecordingNixl(name)
     w.transfer_topo = MagicMock()
     w._remote_agents = dict(agents or {})
     w._engine_last_active = {}
@@ -140,3 +150,74 @@ def d_request(local_id: str, remote_id: str, engine: str = "P0") -> Any:
 
 def worker_stat(w: Any, key: str) -> int:
     return int(sum(w.xfer_stats.data.get(key, [])))
+
+
+def make_reader(d_tp: int, d_rank: int, p_tp: int, engine: str = "P0", **kw: Any) -> Any:
+    """A D worker (ours) set up so that vLLM's own ``_read_blocks_for_req`` runs:
+    a real ``TransferTopology`` and ``compute_tp_mapping`` decide which P ranks
+    this D rank reads (and handshakes with, as vLLM's ``handshake_target_ranks``);
+    P rank ``r``'s agent is ``f"p{r}"``. Only vLLM's ``_read_blocks`` (the NIXL
+    post) is left to the test to replace."""
+    from vllm.distributed.kv_transfer.kv_connector.utils import (
+        EngineTransferInfo,
+        TransferTopology,
+    )
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.tp_mapping import compute_tp_mapping
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    topo = TransferTopology(
+        tp_rank=d_rank,
+        tp_size=d_tp,
+        block_size=16,
+        engine_id="D0",
+        is_mla=False,
+        is_mamba=False,
+        total_num_kv_heads=8,
+        attn_backends=[],
+    )
+    topo.register_remote_engine(
+        engine,
+        EngineTransferInfo(
+            remote_tp_size=p_tp,
+            remote_block_len=16 * 4096,
+            remote_block_size=16,
+            remote_physical_blocks_per_logical=1,
+        ),
+    )
+    targets = topo.handshake_target_ranks(p_tp)
+    w = make_worker(True, agents={engine: {(0, r): f"p{r}" for r in targets}}, **kw)
+    w.transfer_topo = topo
+    w.tp_mappings = {engine: compute_tp_mapping(topo, p_tp, (FullAttentionSpec,))}
+    w._invalid_remote_engines = set()
+    w._bidirectional_kv_xfer_enabled = False
+    w._recving_transfers = {}
+    w.dcp_size = 1
+    w.dst_region_group_ids = {engine: [0]}
+    w.region_group_ids = [0]
+    w.use_mla = False
+    w._has_mamba = False
+    w.src_xfer_handles_by_tp_ratio = {(-(p_tp // d_tp), 16): list(range(p_tp))}
+    w.src_xfer_handles_by_block_size = {16: 0}
+    w._mixed_mem_types = False
+    w.dst_xfer_side_handles = {engine: {r: 100 + r for r in targets}}
+    return w
+
+
+def recv_meta(local_id: str, remote_id: str, engine: str = "P0", p_tp: int = 1) -> Any:
+    """vLLM's ``ReqMeta`` for one READ, as its scheduler builds it."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.metadata import NixlConnectorMetadata
+
+    meta = NixlConnectorMetadata()
+    meta.add_new_req_to_recv(
+        request_id=local_id,
+        local_block_ids=([0, 1],),
+        kv_transfer_params={
+            "remote_block_ids": ([10, 11],),
+            "remote_engine_id": engine,
+            "remote_request_id": remote_id,
+            "remote_host": "p-host",
+            "remote_port": 5600,
+            "remote_tp_size": p_tp,
+        },
+    )
+    return meta.reqs_to_recv[local_id]

@@ -74,6 +74,23 @@ COUNTERS: dict[str, tuple[str, str]] = {
         "vllm:leaseproto_reads_verdict_timeout",
         "READs D failed for want of a verdict within the bound.",
     ),
+    "lp_foreign_acts": (
+        "vllm:leaseproto_foreign_acts",
+        "Heartbeat ids, transfer-dones and aborts from a D agent the lease is not bound to "
+        "(ignored, P).",
+    ),
+    "lp_foreign_verdicts": (
+        "vllm:leaseproto_foreign_verdicts",
+        "OK, NK and LL from a P agent the read did not go to (ignored, D).",
+    ),
+    "lp_unmatched_verdicts": (
+        "vllm:leaseproto_unmatched_verdicts",
+        "OK, NK and LL naming no read in progress: late, duplicate or forged (ignored, D).",
+    ),
+    "lp_decoders_forgotten": (
+        "vllm:leaseproto_decoders_forgotten",
+        "Silent decode agents whose NIXL metadata P removed.",
+    ),
 }
 
 

@@ -1,10 +1,15 @@
 """Verified reads on D (invariant I13), with no vLLM import.
 
 A READ from a P that advertised ``leaseproto/1`` is reported to vLLM's scheduler
-(``finished_recving``) only once P answered its transfer-done with ``OK:``; on
-``NK:``, or with no verdict within the bound, it is reported as a failed load,
-so vLLM's ``kv_load_failure_policy`` (recompute) takes over. A READ from a stock
-P is passed through unverified, as stock vLLM does.
+(``finished_recving``) only once *every* P agent (rank) it read from answered its
+transfer-done with ``OK:``; on ``NK:`` from any of them, or without all verdicts
+within the bound, it is reported as a failed load, so vLLM's
+``kv_load_failure_policy`` (recompute) takes over. With heterogeneous TP one D
+rank reads several P ranks (P TP > D TP), each with its own lease and verdict;
+the worker names each agent a READ goes to (:meth:`ReadVerifier.expect`), so the
+verifier waits for exactly those. A verdict or ``LL:`` from any other agent
+(one the read did not go to, or one that never was a peer) is counted and
+ignored. A READ from a stock P is passed through unverified, as stock vLLM does.
 
 For P to answer, it must be able to notify D: D's first message to an
 advertised P is a hello carrying D's NIXL agent metadata, which P loads.
@@ -15,6 +20,7 @@ is only ever sent to a P that advertised.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from leaseproto import wire
@@ -37,50 +43,97 @@ def decode_hello(raw: bytes) -> bytes | None:
 
 @dataclass
 class VerifierStats:
-    verified: int = 0  # READs reported after P's OK
-    refused: int = 0  # READs failed on P's NK
-    timed_out: int = 0  # READs failed for want of a verdict within the bound
-    lease_lost: int = 0  # advisory LL answers received
+    verified: int = 0  # READs reported after OK from every agent read
+    refused: int = 0  # READs failed on an NK
+    timed_out: int = 0  # READs failed for want of every verdict within the bound
+    lease_lost: int = 0  # advisory LL answers received from an agent read
     unverified: int = 0  # READs from a P that did not advertise
+    foreign: int = 0  # verdicts or LL from an agent the read did not go to (ignored)
+    unmatched: int = 0  # verdicts or LL naming no read in progress (late, duplicate, forged)
+    stale: int = 0  # READs that never completed within stale_after: forgotten, failed if seen
 
 
 @dataclass
 class _Read:
     remote_id: str
+    expected_at: float
+    agents: set[str] = field(default_factory=set)  # every agent read
+    due: set[str] = field(default_factory=set)  # agents whose OK is still missing
+    refused: bool = False
     completed_at: float | None = None
 
 
 @dataclass
 class ReadVerifier:
-    """Holds finished READs back until their verdict; ``bound`` seconds after a
-    READ completes without one, it fails."""
+    """Holds finished READs back until their verdicts; ``bound`` seconds after
+    a READ completes without all of them, it fails.
+
+    A READ that neither completes nor fails within ``stale_after`` seconds of
+    its first :meth:`expect` is forgotten (vLLM lost it on some failure path);
+    its id is kept in a bounded list so that, should it complete after all, it
+    fails rather than pass unverified."""
 
     bound: float
+    stale_after: float = 300.0
+    max_forgotten: int = 4096
     stats: VerifierStats = field(default_factory=VerifierStats)
     _reads: dict[str, _Read] = field(default_factory=dict)  # local id -> read
-    _by_remote: dict[str, str] = field(default_factory=dict)  # P's id -> local id
-    _verdicts: dict[str, bool] = field(default_factory=dict)  # P's id -> OK?
+    _by_remote: dict[str, list[str]] = field(default_factory=dict)  # P's id -> local ids
+    _forgotten: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    _silent: set[str] = field(default_factory=set)  # agents that left a verdict out
 
-    def expect(self, local_id: str, remote_id: str) -> None:
-        """A READ of ``remote_id`` (P's id) for ``local_id`` goes to an advertised P."""
-        if local_id not in self._reads:
-            self._reads[local_id] = _Read(remote_id)
-            self._by_remote[remote_id] = local_id
+    def expect(self, local_id: str, remote_id: str, agent: str, *, now: float) -> None:
+        """The READ of ``remote_id`` (P's id) for ``local_id`` goes to P agent
+        ``agent`` (once per P rank read), which advertised ``leaseproto/1``."""
+        self._forgotten.pop(local_id, None)
+        read = self._reads.get(local_id)
+        if read is None:
+            read = self._reads[local_id] = _Read(remote_id, now)
+            self._by_remote.setdefault(remote_id, []).append(local_id)
+        elif read.remote_id != remote_id:  # one request, two P ids: nothing vLLM does
+            read.refused = True
+            return
+        read.agents.add(agent)
+        read.due.add(agent)
 
-    def on_message(self, msg: wire.Message) -> None:
-        """An ``OK:``, ``NK:`` or ``LL:`` from P (others are ignored)."""
-        if isinstance(msg, wire.Ok):
-            self._verdicts.setdefault(msg.req_id, True)
+    def forget(self, local_id: str) -> None:
+        """The READ was routed to vLLM's failure reporting before it completed."""
+        self._drop(local_id)
+
+    def on_message(self, msg: wire.Message, sender: str) -> str | None:
+        """An ``OK:``, ``NK:`` or ``LL:`` from P agent ``sender`` (others are
+        ignored). Returns why it was ignored (``"foreign"``, ``"unmatched"``),
+        or ``None`` if it counted."""
+        if not isinstance(msg, (wire.Ok, wire.Nack, wire.LeaseLost)):
+            return None
+        locals_ = self._by_remote.get(msg.req_id, ())
+        reads = [r for r in (self._reads[k] for k in locals_) if sender in r.agents]
+        if not reads:
+            kind = "foreign" if locals_ else "unmatched"
+            if locals_:
+                self.stats.foreign += 1
+            else:
+                self.stats.unmatched += 1
+            return kind
+        if isinstance(msg, wire.LeaseLost):
+            self.stats.lease_lost += 1  # advisory: the verdict still decides
         elif isinstance(msg, wire.Nack):
-            self._verdicts[msg.req_id] = False  # one NK is enough: the read is suspect
-        elif isinstance(msg, wire.LeaseLost):
-            self.stats.lease_lost += 1
+            for read in reads:  # one NK is enough: what was read is suspect
+                read.refused = True
+                read.due.discard(sender)
+        else:
+            waiting = [r for r in reads if sender in r.due]
+            if not waiting:  # a second OK for one transfer-done: changes nothing
+                self.stats.unmatched += 1
+                return "unmatched"
+            waiting[0].due.discard(sender)  # one OK answers one transfer-done
+        return None
 
     def settle(self, done: set[str], failed: set[str], *, now: float) -> tuple[set[str], set[str]]:
         """vLLM's finished and failed READs of this step -> what to report now.
 
         Returns ``(done, failed)``: a failed id is also in ``done`` (vLLM's
-        convention); READs waiting for their verdict are in neither."""
+        convention); READs waiting for their verdicts are in neither."""
         out_done, out_failed = set(done), set(failed)
         for local in failed:
             self._drop(local)
@@ -88,18 +141,28 @@ class ReadVerifier:
             read = self._reads.get(local)
             if read is not None and read.completed_at is None:
                 read.completed_at = now
+            elif read is None and local in self._forgotten:
+                del self._forgotten[local]
+                out_failed.add(local)  # never verified: fail, never pass through
         for local, read in list(self._reads.items()):
             if read.completed_at is None:
+                if now - read.expected_at >= self.stale_after:
+                    self.stats.stale += 1
+                    self._drop(local)
+                    self._forgotten[local] = None
+                    while len(self._forgotten) > self.max_forgotten:
+                        self._forgotten.popitem(last=False)
                 continue
-            ok = self._verdicts.get(read.remote_id)
+            ok: bool | None = False if read.refused else (True if not read.due else None)
             if ok is None and now - read.completed_at < self.bound:
-                out_done.discard(local)  # held: no verdict yet
+                out_done.discard(local)  # held: a verdict is missing
                 continue
             if ok:
                 self.stats.verified += 1
             else:
                 if ok is None:
                     self.stats.timed_out += 1
+                    self._silent.update(read.due)
                 else:
                     self.stats.refused += 1
                 out_failed.add(local)
@@ -107,12 +170,29 @@ class ReadVerifier:
             self._drop(local)
         return out_done, out_failed
 
+    def take_silent(self) -> set[str]:
+        """Agents whose verdict a READ timed out waiting for, since the last call."""
+        out, self._silent = self._silent, set()
+        return out
+
     def held(self) -> list[str]:
         """Local ids of finished READs waiting for a verdict."""
         return [k for k, r in self._reads.items() if r.completed_at is not None]
 
+    def missing(self, local_id: str) -> set[str]:
+        """The agents whose OK the READ of ``local_id`` still waits for."""
+        read = self._reads.get(local_id)
+        return set() if read is None else set(read.due)
+
+    def __len__(self) -> int:
+        return len(self._reads)
+
     def _drop(self, local: str) -> None:
         read = self._reads.pop(local, None)
-        if read is not None:
+        if read is None:
+            return
+        others = [k for k in self._by_remote.get(read.remote_id, ()) if k != local]
+        if others:
+            self._by_remote[read.remote_id] = others
+        else:
             self._by_remote.pop(read.remote_id, None)
-            self._verdicts.pop(read.remote_id, None)

@@ -28,14 +28,15 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker import (
     NixlPullConnectorWorker,
 )
 
-from leaseproto import LateTransfer, LeaseConfig, Release, ReleaseReason, wire
+from leaseproto import LeaseConfig, wire
 
 from .amx import request_amx_tiles
 from .config import lease_config_from_extra_config
 from .leases import LeaseView, WorkerLeases
+from .notifications import NotificationHandling
 from .scheduler import VERIFY_ATTR
 from .stats import LeaseprotoKVConnectorStats
-from .verify import ReadVerifier, decode_hello, encode_hello
+from .verify import ReadVerifier, encode_hello
 
 __all__ = ["LeaseprotoConnectorWorker"]
 
@@ -51,7 +52,7 @@ def _on_cpu(vllm_config: Any) -> bool:
     return getattr(getattr(vllm_config, "device_config", None), "device_type", None) == "cpu"
 
 
-class LeaseprotoConnectorWorker(NixlPullConnectorWorker):  # type: ignore[misc]
+class LeaseprotoConnectorWorker(NotificationHandling, NixlPullConnectorWorker):  # type: ignore[misc]
     """vLLM's pull worker with the lease core as the one record of leases."""
 
     def __init__(self, vllm_config: Any, engine_id: str, kv_cache_config: Any) -> None:
@@ -74,7 +75,9 @@ class LeaseprotoConnectorWorker(NixlPullConnectorWorker):  # type: ignore[misc]
     def _verifier(self) -> ReadVerifier:
         v: ReadVerifier | None = self.__dict__.get("_lp_verifier")
         if v is None:
-            v = self.__dict__["_lp_verifier"] = ReadVerifier(self._leases().config.lease_extension)
+            cfg = self._leases().config
+            stale = max(10 * cfg.kv_lease_duration, cfg.max_lease_lifetime or 0.0)
+            v = self.__dict__["_lp_verifier"] = ReadVerifier(cfg.lease_extension, stale)
         return v
 
     def _lp_set(self, name: str) -> set[str]:
@@ -108,125 +111,6 @@ class LeaseprotoConnectorWorker(NixlPullConnectorWorker):  # type: ignore[misc]
         if isinstance(stats, LeaseprotoKVConnectorStats):
             stats.add(key, n)
 
-    # -- P: notifications -------------------------------------------------------------------
-    def _get_new_notifs(self) -> set[str]:
-        done: set[str] = set()
-        for agent, notifs in self.nixl_wrapper.get_new_notifs().items():
-            for raw in notifs:
-                self._on_notification(agent, raw, done)
-        return done
-
-    def _on_notification(self, agent: str, raw: bytes, done: set[str]) -> None:
-        hello = decode_hello(raw)
-        if hello is not None:
-            self._on_hello(agent, hello)
-            return
-        try:
-            msg = wire.decode(raw)
-        except wire.MalformedMessage as exc:
-            self._stat("lp_malformed")
-            logger.warning("Dropped a malformed notification from %s: %s", agent, exc)
-            return
-        if isinstance(msg, wire.Heartbeat):
-            self._renew(msg.ids, agent)
-        elif isinstance(msg, wire.TransferDone):
-            self._transfer_done(msg.req_id, msg.count, done, agent)
-        elif isinstance(msg, (wire.Ok, wire.Nack, wire.LeaseLost)):
-            self._verifier().on_message(msg)
-        elif isinstance(msg, wire.Abort):
-            release = self._leases().table.abort(msg.req_id, now=self._leases().now())
-            if release is not None:
-                self._stat("lp_aborted")
-                self._released(release, done)
-        else:
-            self._stat("lp_malformed")
-            logger.warning("Dropped a %s from %s: not a message for P", type(msg).__name__, agent)
-
-    def _handle_heartbeat(self, payload: str) -> None:
-        try:
-            msg = wire.decode(b"HB:" + payload.encode("utf-8", "surrogateescape"))
-        except wire.MalformedMessage as exc:
-            self._stat("lp_malformed")
-            logger.warning("Dropped a malformed heartbeat: %s", exc)
-            return
-        assert isinstance(msg, wire.Heartbeat)
-        self._renew(msg.ids)
-
-    def _renew(self, ids: tuple[str, ...], agent: str | None = None) -> None:
-        lp = self._leases()
-        before = lp.table.stats
-        lost: list[str] = []
-        now = lp.now()
-        renewed = lp.table.renew(ids, now=now, lost=lost)
-        if agent is not None and agent in self._lp_set("_lp_capable"):
-            for rid in lost:  # advisory: D may give up early; a verdict still decides
-                self._answer(agent, wire.lease_lost(rid, lp.table.lost_reason(rid, now=now)))
-        after = lp.table.stats
-        self._stat("lp_leases_renewed", renewed)
-        self._stat("lp_heartbeat_ids_unknown", after.renew_unknown - before.renew_unknown)
-        self._stat("lp_heartbeat_ids_late", len(lost))
-
-    def _transfer_done(
-        self, req_id: str, readers: int, done: set[str], agent: str | None = None
-    ) -> None:
-        lp = self._leases()
-        table = lp.table
-        known = (
-            req_id in table
-            or table.ended(req_id) is not None
-            or req_id in getattr(self, "_reqs_to_process", ())
-        )
-        result = lp.transfer_done(req_id, readers) if known else None
-        if agent is not None and agent in self._lp_set("_lp_capable"):
-            if known and result is None:  # early: staged, answered when the grant settles it
-                self.__dict__.setdefault("_lp_early", {}).setdefault(req_id, []).append(agent)
-            else:
-                self._answer(agent, wire.verdict(req_id, result))
-        if not known:
-            self._unrecognized(req_id, None)
-        elif isinstance(result, Release):
-            self._released(result, done)
-        elif isinstance(result, LateTransfer):
-            self._stat("lp_late_reads")
-            self._unrecognized(req_id, result.ended)
-
-    def _unrecognized(self, req_id: str, ended: ReleaseReason | None) -> None:
-        self.xfer_stats.record_notification_after_expiry()
-        how = "unrecognized" if ended is None else f"{ended.value}"
-        logger.error(
-            "Potentially invalid KV blocks for %s request %s were retrieved by a "
-            "decode worker after its lease ended.",
-            how,
-            req_id,
-        )
-
-    def _released(self, release: Release, done: set[str]) -> None:
-        getattr(self, "_reqs_to_process", set()).discard(release.req_id)
-        self.consumer_notification_counts_by_req.pop(release.req_id, None)
-        self.expected_consumer_notifications_by_req.pop(release.req_id, None)
-        done.add(release.req_id)
-
-    def _answer(self, agent: str, msg: wire.Message) -> None:
-        try:
-            for payload in wire.encode(msg):
-                self.nixl_wrapper.send_notif(agent, notif_msg=payload)
-            self._stat("lp_verdicts_sent" if not isinstance(msg, wire.LeaseLost) else "lp_ll_sent")
-        except Exception:
-            self._stat("lp_verdict_send_failures")
-            logger.warning("Could not send %s to %s", type(msg).__name__, agent, exc_info=True)
-
-    def _on_hello(self, agent: str, metadata: bytes) -> None:
-        try:
-            name = self.nixl_wrapper.add_remote_agent(metadata)
-        except Exception as exc:
-            self._stat("lp_malformed")
-            logger.warning("Dropped a leaseproto hello from %s: %s", agent, exc)
-            return
-        self._lp_set("_lp_capable").update((agent, str(name)))
-        logger.info(
-            "Decode agent %s understands %s: verdicts will be sent to it", agent, wire.CAPABILITY
-        )
-
     # -- P: expiry --------------------------------------------------------------------------
     def _reap_expired_send_leases(self, done_sending: set[str]) -> None:
         lp = self._leases()
@@ -248,6 +132,11 @@ class LeaseprotoConnectorWorker(NixlPullConnectorWorker):  # type: ignore[misc]
                 readers,
             )
             self._released(release, done_sending)
+        now = lp.now()
+        if now - self.__dict__.get("_lp_pruned", -1.0e18) >= 1.0:
+            self.__dict__["_lp_pruned"] = now
+            self._prune_bindings()
+            self._forget_silent_decoders()
 
     # -- D: heartbeats ----------------------------------------------------------------------
     def _send_heartbeats(self, metadata: NixlConnectorMetadata) -> None:
@@ -275,6 +164,7 @@ class LeaseprotoConnectorWorker(NixlPullConnectorWorker):  # type: ignore[misc]
                 for payload in payloads:
                     try:
                         self.nixl_wrapper.send_notif(agent_name, notif_msg=payload)
+                        self._sent_to(agent_name)
                         self._stat("lp_heartbeats_sent")
                     except Exception:
                         self._stat("lp_heartbeat_send_failures")
@@ -301,41 +191,83 @@ class LeaseprotoConnectorWorker(NixlPullConnectorWorker):  # type: ignore[misc]
 
     def _read_blocks_for_req(self, req_id: str, meta: Any) -> None:
         remote = meta.remote
-        if remote is not None and any(meta.local_block_ids):
-            engine = remote.engine_id
-            if req_id in self._lp_set("_lp_advertised"):
-                self._verifier().expect(req_id, remote.request_id)
-                self._hello(engine)
-            elif engine not in self._lp_set("_lp_unverified_logged"):
-                self._lp_set("_lp_unverified_logged").add(engine)
-                logger.warning(
-                    "Prefill engine %s does not advertise %s: its KV is used unverified, as "
-                    "with stock vLLM",
-                    engine,
-                    wire.CAPABILITY,
-                )
+        if (
+            remote is not None
+            and any(meta.local_block_ids)
+            and req_id not in self._lp_set("_lp_advertised")
+            and remote.engine_id not in self._lp_set("_lp_unverified_logged")
+        ):
+            self._lp_set("_lp_unverified_logged").add(remote.engine_id)
+            logger.warning(
+                "Prefill engine %s does not advertise %s: its KV is used unverified, as "
+                "with stock vLLM",
+                remote.engine_id,
+                wire.CAPABILITY,
+            )
         super()._read_blocks_for_req(req_id, meta)
 
+    def _read_blocks(self, read_spec: Any, dst_engine_id: str, **kw: Any) -> bool:
+        """One READ from one P rank: vLLM calls this for each rank it reads
+        (:func:`compute_tp_mapping`'s source ranks), so the verifier expects a
+        verdict from exactly the agents read, whatever the TP ratio."""
+        req_id = kw["request_id"]
+        agent = self._remote_agents.get(dst_engine_id, {}).get((0, read_spec.remote_rank))
+        reads = any(len(g) > 0 for g in read_spec.local_block_ids)
+        if agent is not None and reads and req_id in self._lp_set("_lp_advertised"):
+            self._hello_agent(agent)
+            self._verifier().expect(
+                req_id, kw["remote_request_id"], agent, now=self._leases().now()
+            )
+        if agent is not None:
+            self._sent_to(agent)  # the transfer-done goes with the READ
+        posted: bool = super()._read_blocks(read_spec=read_spec, dst_engine_id=dst_engine_id, **kw)
+        if not posted:  # vLLM routed the request to failure reporting
+            self._verifier().forget(req_id)
+        return posted
+
+    def _greeted(self) -> dict[str, float]:
+        """P agent -> when this worker last sent it anything (hello, heartbeat, READ)."""
+        out: dict[str, float] = self.__dict__.setdefault("_lp_greeted", {})
+        return out
+
+    def _sent_to(self, agent: str) -> None:
+        greeted = self._greeted()
+        if agent in greeted:
+            greeted[agent] = self._leases().now()
+
     def _hello(self, engine: str) -> None:
-        """Tell an advertised P, once per agent, that we understand its verdicts."""
-        greeted = self._lp_set("_lp_greeted")
-        agents = getattr(self, "_remote_agents", {}).get(engine, {})
-        for agent in agents.values():
-            if agent in greeted:
-                continue
-            try:
-                self.nixl_wrapper.send_notif(
-                    agent, notif_msg=encode_hello(self.nixl_wrapper.get_agent_metadata())
-                )
-                greeted.add(agent)
-            except Exception:
-                logger.warning("Could not greet prefill agent %s", agent, exc_info=True)
+        """Greet every agent of an advertised P engine (see :meth:`_hello_agent`)."""
+        for agent in getattr(self, "_remote_agents", {}).get(engine, {}).values():
+            self._hello_agent(agent)
+
+    def _hello_agent(self, agent: str) -> None:
+        """Tell an advertised P agent that we understand its verdicts: once, and
+        again after half its ``tombstone_ttl`` of silence from us (P forgets a
+        decoder silent for ``tombstone_ttl``) or after it left a verdict out."""
+        greeted = self._greeted()
+        now = self._leases().now()
+        ttl = self._leases().config.tombstone_ttl
+        last = greeted.get(agent)
+        if last is not None and now - last < ttl / 2:
+            return
+        if len(greeted) > 64:  # entries that old are as good as absent
+            for a in [a for a, t in greeted.items() if now - t >= ttl / 2]:
+                del greeted[a]
+        try:
+            self.nixl_wrapper.send_notif(
+                agent, notif_msg=encode_hello(self.nixl_wrapper.get_agent_metadata())
+            )
+            greeted[agent] = now
+        except Exception as exc:
+            self._drops().drop("unsent hello", f"to prefill agent {agent}: {exc!r}")
 
     def _pop_done_transfers(self, transfers: dict[str, list[int]]) -> tuple[set[str], set[str]]:
         done, failed = super()._pop_done_transfers(transfers)
         verifier = self._verifier()
         before = (verifier.stats.refused, verifier.stats.timed_out, verifier.stats.verified)
         done, failed = verifier.settle(done, failed, now=self._leases().now())
+        for agent in verifier.take_silent():  # P may have forgotten us: greet again
+            self._greeted().pop(agent, None)
         after = (verifier.stats.refused, verifier.stats.timed_out, verifier.stats.verified)
         self._stat("lp_reads_refused", after[0] - before[0])
         self._stat("lp_reads_verdict_timeout", after[1] - before[1])
