@@ -3,7 +3,6 @@ each checked on both (same calls, same virtual clock). Needs vLLM."""
 
 from __future__ import annotations
 
-import time
 from types import SimpleNamespace
 from typing import Any
 from unittest.mock import MagicMock
@@ -18,6 +17,7 @@ from vllm_stubs import (
     make_scheduler,
     make_worker,
     recv_meta,
+    virtual_clock,
     worker_stat,
 )
 
@@ -32,10 +32,7 @@ pytestmark = pytest.mark.vllm
 
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> dict[str, float]:
-    """A virtual ``time.perf_counter`` for vLLM's code and ours."""
-    now = {"t": 1000.0}
-    monkeypatch.setattr(time, "perf_counter", lambda: now["t"])
-    return now
+    return virtual_clock(monkeypatch)
 
 
 def reap(w: Any) -> set[str]:

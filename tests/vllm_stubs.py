@@ -5,12 +5,14 @@ so a test can drive both through the same calls. Needs vLLM."""
 from __future__ import annotations
 
 import queue
+import time
 from collections import defaultdict
 from concurrent.futures import Future
 from types import SimpleNamespace
 from typing import Any
 from unittest.mock import MagicMock
 
+import pytest
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_scheduler import (
     NixlPullConnectorScheduler,
 )
@@ -22,6 +24,13 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import NixlKVConnec
 from leaseproto.integrations.vllm.scheduler import LeaseprotoConnectorScheduler
 from leaseproto.integrations.vllm.stats import LeaseprotoKVConnectorStats
 from leaseproto.integrations.vllm.worker import LeaseprotoConnectorWorker
+
+
+def virtual_clock(monkeypatch: pytest.MonkeyPatch) -> dict[str, float]:
+    """A virtual ``time.perf_counter`` for vLLM's code and ours: ``clock["t"]``."""
+    now = {"t": 1000.0}
+    monkeypatch.setattr(time, "perf_counter", lambda: now["t"])
+    return now
 
 
 class RecordingNixl:

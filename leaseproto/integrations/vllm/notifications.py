@@ -143,7 +143,8 @@ class NotificationHandling:
             ]
             if foreign:
                 self._foreign("heartbeat", foreign[0], agent, len(foreign))
-                ids = tuple(r for r in ids if r not in set(foreign))
+                skip = set(foreign)
+                ids = tuple(r for r in ids if r not in skip)
         before = lp.table.stats
         lost: list[str] = []
         renewed = lp.table.renew(ids, now=now, lost=lost)
