@@ -54,11 +54,13 @@ class RecordingNixl:
             return b"\x00agent-metadata\xff"
         return b"meta:" + self.name.encode()
 
-    def add_remote_agent(self, metadata: bytes) -> str:
-        """The agent name the metadata carries (``get_agent_metadata``'s form)."""
+    def add_remote_agent(self, metadata: bytes) -> bytes:
+        """The agent name the metadata carries (``get_agent_metadata``'s form), as
+        bytes: NIXL 1.5's ``add_remote_agent`` returns bytes; notifications are
+        keyed by ``str``."""
         self.added = [*getattr(self, "added", []), bytes(metadata)]
         data = bytes(metadata)
-        return data[5:].decode() if data.startswith(b"meta:") else "d-agent"
+        return data[5:] if data.startswith(b"meta:") else b"d-agent"
 
     def remove_remote_agent(self, agent_name: str) -> None:
         self.removed.append(agent_name)

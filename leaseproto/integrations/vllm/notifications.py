@@ -220,7 +220,8 @@ class NotificationHandling:
         if agent in greeters:  # greeted again after a silence: still loaded
             return
         try:
-            name = str(self.nixl_wrapper.add_remote_agent(metadata))
+            loaded = self.nixl_wrapper.add_remote_agent(metadata)  # NIXL 1.5: bytes
+            name = loaded.decode() if isinstance(loaded, bytes) else str(loaded)
         except Exception as exc:
             self._stat("lp_malformed")
             self._drops().drop("hello", f"from {agent}: {exc!r}")
