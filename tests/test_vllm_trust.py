@@ -283,3 +283,20 @@ def test_malformed_notifications_are_logged_rate_limited(
         p._get_new_notifs()
     assert worker_stat(p, "lp_malformed") == 200
     assert len(caplog.records) <= 4, [r.getMessage() for r in caplog.records]
+
+
+def test_advertisements_are_dropped_once_used(
+    clock: dict[str, float], posted: list[dict[str, Any]]
+) -> None:
+    """D keeps a request's advertisement only until its READ is posted (today:
+    forever), but across a pending handshake, after which vLLM calls again."""
+    d = make_reader(1, 0, 1, name="d0")
+    agents = d._remote_agents.pop("P0")
+    d._background_nixl_handshake = lambda *a: None  # vLLM queues it for after the handshake
+    _read(d, 1, posted)
+    assert posted == [] and "d1" in d._lp_set("_lp_advertised")
+    d._remote_agents["P0"] = agents
+    d._read_blocks_for_req("d1", recv_meta("d1", "p1"))
+    assert [c["agent"] for c in posted] == ["p0"]
+    assert "d1" not in d._lp_set("_lp_advertised")
+    assert d._verifier().missing("d1") == {"p0"}  # the READ is verified all the same

@@ -10,7 +10,12 @@ the core's :class:`~leaseproto.LateTransfer`.
 
 D: heartbeats the scheduler found due are split at ``max_notification_bytes``;
 one whose engine's handshake is still pending is held and sent on the first
-step after it completes (vLLM drops it until the next interval).
+step after it completes (vLLM drops it until the next interval). Each READ
+vLLM posts to an advertised P rank (:meth:`_read_blocks`, once per rank read)
+is expected by the :class:`~.verify.ReadVerifier`, which reports it only after
+``OK:`` from every one of those agents.
+
+What each notification does (both sides) is in :mod:`.notifications`.
 """
 
 from __future__ import annotations
@@ -204,7 +209,11 @@ class LeaseprotoConnectorWorker(NotificationHandling, NixlPullConnectorWorker): 
                 remote.engine_id,
                 wire.CAPABILITY,
             )
+        # handshake pending: vLLM calls us again once it is done, without the metadata
+        pending = remote is None or remote.engine_id not in getattr(self, "_remote_agents", {})
         super()._read_blocks_for_req(req_id, meta)
+        if not pending:  # posted or failed: the advertisement has been used
+            self._lp_set("_lp_advertised").discard(req_id)
 
     def _read_blocks(self, read_spec: Any, dst_engine_id: str, **kw: Any) -> bool:
         """One READ from one P rank: vLLM calls this for each rank it reads
