@@ -196,7 +196,8 @@ def make_reader(d_tp: int, d_rank: int, p_tp: int, engine: str = "P0", **kw: Any
         ),
     )
     targets = topo.handshake_target_ranks(p_tp)
-    w = make_worker(True, agents={engine: {(0, r): f"p{r}" for r in targets}}, **kw)
+    # bytes, as in vLLM: NIXL's add_remote_agent returns them (notifications name str)
+    w = make_worker(True, agents={engine: {(0, r): f"p{r}".encode() for r in targets}}, **kw)
     w.transfer_topo = topo
     w.tp_mappings = {engine: compute_tp_mapping(topo, p_tp, (FullAttentionSpec,))}
     w._invalid_remote_engines = set()

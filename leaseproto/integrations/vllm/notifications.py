@@ -21,7 +21,7 @@ from leaseproto import LateTransfer, Release, ReleaseReason, wire
 from leaseproto.workers.notifications import DropLog
 
 from .binding import Greeters, ReaderBindings
-from .verify import decode_hello
+from .verify import agent_name, decode_hello
 
 if TYPE_CHECKING:
     from .leases import WorkerLeases
@@ -220,8 +220,7 @@ class NotificationHandling:
         if agent in greeters:  # greeted again after a silence: still loaded
             return
         try:
-            loaded = self.nixl_wrapper.add_remote_agent(metadata)  # NIXL 1.5: bytes
-            name = loaded.decode() if isinstance(loaded, bytes) else str(loaded)
+            name = agent_name(self.nixl_wrapper.add_remote_agent(metadata))
         except Exception as exc:
             self._stat("lp_malformed")
             self._drops().drop("hello", f"from {agent}: {exc!r}")

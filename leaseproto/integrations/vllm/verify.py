@@ -25,10 +25,23 @@ from dataclasses import dataclass, field
 
 from leaseproto import wire
 
-__all__ = ["HELLO_PREFIX", "ReadVerifier", "VerifierStats", "decode_hello", "encode_hello"]
+__all__ = [
+    "HELLO_PREFIX",
+    "ReadVerifier",
+    "VerifierStats",
+    "agent_name",
+    "decode_hello",
+    "encode_hello",
+]
 
 #: D -> P: "I understand leaseproto/1; here is my NIXL agent metadata".
 HELLO_PREFIX = (wire.CAPABILITY + ",hello,").encode()
+
+
+def agent_name(name: str | bytes) -> str:
+    """A NIXL agent name as notifications are keyed by it (``str``). NIXL 1.5's
+    ``add_remote_agent`` returns bytes, and vLLM keeps them in ``_remote_agents``."""
+    return name.decode() if isinstance(name, bytes) else str(name)
 
 
 def encode_hello(agent_metadata: bytes) -> bytes:

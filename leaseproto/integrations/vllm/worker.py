@@ -41,7 +41,7 @@ from .leases import LeaseView, WorkerLeases
 from .notifications import NotificationHandling
 from .scheduler import VERIFY_ATTR
 from .stats import LeaseprotoKVConnectorStats
-from .verify import ReadVerifier, encode_hello
+from .verify import ReadVerifier, agent_name, encode_hello
 
 __all__ = ["LeaseprotoConnectorWorker"]
 
@@ -165,11 +165,11 @@ class LeaseprotoConnectorWorker(NotificationHandling, NixlPullConnectorWorker): 
                 continue
             self._engine_last_active[engine_id] = time.perf_counter()
             payloads = self._encode_heartbeat(info.req_ids, max_bytes)
-            for agent_name in self._remote_agents[engine_id].values():
+            for agent in self._remote_agents[engine_id].values():
                 for payload in payloads:
                     try:
-                        self.nixl_wrapper.send_notif(agent_name, notif_msg=payload)
-                        self._sent_to(agent_name)
+                        self.nixl_wrapper.send_notif(agent, notif_msg=payload)
+                        self._sent_to(agent)
                         self._stat("lp_heartbeats_sent")
                     except Exception:
                         self._stat("lp_heartbeat_send_failures")
@@ -220,7 +220,8 @@ class LeaseprotoConnectorWorker(NotificationHandling, NixlPullConnectorWorker): 
         (:func:`compute_tp_mapping`'s source ranks), so the verifier expects a
         verdict from exactly the agents read, whatever the TP ratio."""
         req_id = kw["request_id"]
-        agent = self._remote_agents.get(dst_engine_id, {}).get((0, read_spec.remote_rank))
+        raw = self._remote_agents.get(dst_engine_id, {}).get((0, read_spec.remote_rank))
+        agent = None if raw is None else agent_name(raw)  # as P's verdicts will name it
         reads = any(len(g) > 0 for g in read_spec.local_block_ids)
         if agent is not None and reads and req_id in self._lp_set("_lp_advertised"):
             self._hello_agent(agent)
@@ -239,15 +240,16 @@ class LeaseprotoConnectorWorker(NotificationHandling, NixlPullConnectorWorker): 
         out: dict[str, float] = self.__dict__.setdefault("_lp_greeted", {})
         return out
 
-    def _sent_to(self, agent: str) -> None:
+    def _sent_to(self, raw: str | bytes) -> None:
         greeted = self._greeted()
+        agent = agent_name(raw)
         if agent in greeted:
             greeted[agent] = self._leases().now()
 
     def _hello(self, engine: str) -> None:
         """Greet every agent of an advertised P engine (see :meth:`_hello_agent`)."""
         for agent in getattr(self, "_remote_agents", {}).get(engine, {}).values():
-            self._hello_agent(agent)
+            self._hello_agent(agent_name(agent))
 
     def _hello_agent(self, agent: str) -> None:
         """Tell an advertised P agent that we understand its verdicts: once, and
