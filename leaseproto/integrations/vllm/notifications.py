@@ -18,7 +18,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from leaseproto import LateTransfer, Release, ReleaseReason, wire
-from leaseproto.workers.notifications import DropLog
+from leaseproto.adapters.droplog import DropLog
 
 from .binding import Greeters, ReaderBindings
 from .verify import agent_name, decode_hello
