@@ -65,6 +65,14 @@ class RecordingNixl:
     def remove_remote_agent(self, agent_name: str) -> None:
         self.removed.append(agent_name)
 
+    def make_prepped_xfer(self, op: str, *args: Any, notif_msg: bytes = b"", **kw: Any) -> int:
+        """Records the notification NIXL would deliver once the READ is done."""
+        self.xfers = [*getattr(self, "xfers", []), bytes(notif_msg)]
+        return len(self.xfers)
+
+    def transfer(self, handle: int) -> str:
+        return "PROC"
+
     def check_xfer_state(self, handle: int) -> str:
         return "DONE"
 
@@ -110,6 +118,8 @@ def make_worker(
     w.pcp_dcp_sharded = False
     w._recving_metadata = {}
     w._pending = set()  # engines whose handshake is still pending
+    w._recv_failures = set()
+    w._pending_recv_notifs = {}
 
     def ensure(engine_id: str, *args: Any) -> Future[Any] | None:
         if engine_id in w._pending:

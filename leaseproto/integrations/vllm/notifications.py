@@ -4,7 +4,9 @@ P: heartbeats renew through the core's rule, transfer-dones count readers from
 vLLM's ``n``, aborts end the lease, each only from a D agent the lease is bound
 to (:class:`~.binding.ReaderBindings`); a hello loads the greeting D's metadata
 so P can answer with verdicts (:class:`~.binding.Greeters`), and decoders that
-fell silent are forgotten. D: ``OK:``/``NK:``/``LL:`` go to the
+fell silent are forgotten (with a cluster key, P answers each hello it could
+verify, which opens the sealed connection; :mod:`.sealing`). D:
+``OK:``/``NK:``/``LL:`` go to the
 :class:`~.verify.ReadVerifier`, which takes them only from the P agents the
 read went to.
 
@@ -19,11 +21,14 @@ from typing import TYPE_CHECKING, Any
 
 from leaseproto import LateTransfer, Release, ReleaseReason, wire
 from leaseproto.adapters.droplog import DropLog
+from leaseproto.core.mac_peers import ANSWER
 
 from .binding import Greeters, ReaderBindings
 from .verify import agent_name, decode_hello
 
 if TYPE_CHECKING:
+    from leaseproto.core.mac_peers import PeerAuth
+
     from .leases import WorkerLeases
     from .verify import ReadVerifier
 
@@ -45,6 +50,8 @@ class NotificationHandling:
         def _verifier(self) -> ReadVerifier: ...
 
         def _stat(self, key: str, n: int = 1) -> None: ...
+
+        def _auth(self) -> PeerAuth | None: ...
 
     # -- state (on workers built with object.__new__ too, as vLLM's tests do) -------------
     def _drops(self) -> DropLog:
@@ -218,6 +225,7 @@ class NotificationHandling:
         greeters = self._greeters()
         now = self._leases().now()
         if agent in greeters:  # greeted again after a silence: still loaded
+            self._answer_hello(agent)
             return
         try:
             name = agent_name(self.nixl_wrapper.add_remote_agent(metadata))
@@ -231,6 +239,7 @@ class NotificationHandling:
             self._drops().drop("hello", f"from {agent} carried the metadata of {name}")
             return
         greeters.add(agent, name, now=now)
+        self._answer_hello(agent)
         last = self.__dict__.get("_lp_hello_logged", -1.0e18)
         if now - last >= 1.0:  # at most a line a second, however many decoders greet
             self.__dict__["_lp_hello_logged"] = now
@@ -241,6 +250,16 @@ class NotificationHandling:
                 wire.CAPABILITY,
                 len(greeters),
             )
+
+    def _answer_hello(self, agent: str) -> None:
+        """With a cluster key: answer a (verified) hello, which opens the
+        sealed connection D's heartbeats and transfer-dones wait for."""
+        if self._auth() is None:
+            return
+        try:
+            self.nixl_wrapper.send_notif(agent, notif_msg=ANSWER)
+        except Exception as exc:
+            self._drops().drop("unsent answer", f"to hello of {agent}: {exc!r}")
 
     def _forget_silent_decoders(self) -> None:
         """Remove the NIXL agents of greeters with no live lease bound to them

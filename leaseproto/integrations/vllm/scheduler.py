@@ -7,8 +7,9 @@ this engine keeps alive; vLLM's ``_heartbeat_by_engine`` and
 engines that are due.
 
 P: the transfer parameters handed to D advertise ``leaseproto/1`` and the
-lease's durations (``kv_transfer_params["leaseproto"]``); a stock D ignores
-the key.
+lease's durations (``kv_transfer_params["leaseproto"]``), and with a cluster
+key its id (``"auth"``); a stock D ignores the key. D passes the key id each
+P advertised on to its workers (:data:`AUTH_ATTR`, :data:`ENGINE_AUTH_ATTR`).
 """
 
 from __future__ import annotations
@@ -27,8 +28,16 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_scheduler import (
 from leaseproto import HeartbeatTracker, LeaseConfig, LocalProtocolError, wire
 
 from .config import lease_config_from_extra_config
+from .sealing import load_key
 
-__all__ = ["CAPABILITY", "PARAMS_KEY", "VERIFY_ATTR", "LeaseprotoConnectorScheduler"]
+__all__ = [
+    "AUTH_ATTR",
+    "CAPABILITY",
+    "ENGINE_AUTH_ATTR",
+    "PARAMS_KEY",
+    "VERIFY_ATTR",
+    "LeaseprotoConnectorScheduler",
+]
 
 logger = logging.getLogger("vllm.leaseproto.scheduler")
 
@@ -38,6 +47,16 @@ CAPABILITY = wire.CAPABILITY
 PARAMS_KEY = "leaseproto"
 #: Metadata attribute: D's requests to read whose P advertised (their reads are verified).
 VERIFY_ATTR = "leaseproto_verify"
+#: Metadata attribute: those requests -> the cluster key id their P advertised (None: none).
+AUTH_ATTR = "leaseproto_auth"
+#: Metadata attribute: advertising P engines heartbeated this step -> their key id.
+ENGINE_AUTH_ATTR = "leaseproto_engine_auth"
+
+
+def _key_id(params: dict[str, Any]) -> str | None:
+    advert = params.get(PARAMS_KEY)
+    key = advert.get("auth") if isinstance(advert, dict) else None
+    return key if isinstance(key, str) else None
 
 
 @dataclass(frozen=True)
@@ -50,6 +69,7 @@ class _Address:
     dcp_size: int
     pp_size: int
     leaseproto: bool
+    auth: str | None = None
 
 
 class _Tracking:
@@ -91,6 +111,9 @@ class LeaseprotoConnectorScheduler(NixlPullConnectorScheduler):  # type: ignore[
     def __init__(self, vllm_config: Any, engine_id: str, kv_cache_config: Any) -> None:
         self.vllm_config = vllm_config
         self._lp = _Tracking(_config_of(self))  # refuses a bad config at start-up
+        kv = getattr(vllm_config, "kv_transfer_config", None)
+        key = load_key(getattr(kv, "kv_connector_extra_config", None))
+        self._lp_key_id = None if key is None else key.key_id
         super().__init__(vllm_config, engine_id, kv_cache_config)
         self._lp_quiet = False
 
@@ -151,6 +174,7 @@ class LeaseprotoConnectorScheduler(NixlPullConnectorScheduler):  # type: ignore[
                 params.get("dcp_size", 1),
                 params.get("pp_size", 1),
                 PARAMS_KEY in params,
+                _key_id(params),
             )
         try:
             lp.tracker.track(
@@ -168,16 +192,17 @@ class LeaseprotoConnectorScheduler(NixlPullConnectorScheduler):  # type: ignore[
 
     def build_connector_meta(self, scheduler_output: Any) -> Any:
         advertised = {
-            rid
+            rid: _key_id(params)
             for rid, entry in self._reqs_need_recv.items()
-            if PARAMS_KEY in (entry[0].kv_transfer_params or {})
+            if PARAMS_KEY in (params := entry[0].kv_transfer_params or {})
         }
         self._lp_quiet = True
         try:
             meta = super().build_connector_meta(scheduler_output)
         finally:
             self._lp_quiet = False
-        setattr(meta, VERIFY_ATTR, advertised)
+        setattr(meta, VERIFY_ATTR, set(advertised))
+        setattr(meta, AUTH_ATTR, advertised)
         lp = self._tracking()
         if lp.tracker.engines():
             now = lp.now()
@@ -185,6 +210,8 @@ class LeaseprotoConnectorScheduler(NixlPullConnectorScheduler):  # type: ignore[
             if due:
                 self._last_heartbeat_time = now
                 meta.heartbeat_by_engine = {e: lp.info(e, ids) for e, ids in due.items()}
+                keyed = {e: lp.addr[e].auth for e in due if lp.addr[e].leaseproto}
+                setattr(meta, ENGINE_AUTH_ATTR, keyed)
         return meta
 
     # -- P: advertise ---------------------------------------------------------------------
@@ -200,4 +227,7 @@ class LeaseprotoConnectorScheduler(NixlPullConnectorScheduler):  # type: ignore[
                     "lease_extension": cfg.lease_extension,
                 },
             }
+            key_id = self.__dict__.get("_lp_key_id")
+            if key_id is not None:  # D seals what it sends us, and refuses us without it
+                params[PARAMS_KEY]["auth"] = key_id
         return delay, params

@@ -87,6 +87,19 @@ COUNTERS: dict[str, tuple[str, str]] = {
         "vllm:leaseproto_unmatched_verdicts",
         "OK, NK and LL naming no read in progress: late, duplicate or forged (ignored, D).",
     ),
+    "lp_auth_dropped": (
+        "vllm:leaseproto_auth_dropped",
+        "Notifications a keyed engine dropped: not sealed with the cluster key for it, or "
+        "replayed.",
+    ),
+    "lp_key_mismatch": (
+        "vllm:leaseproto_key_mismatch",
+        "READs D refused because P advertised no cluster key or another one (recomputed).",
+    ),
+    "lp_auth_held_dropped": (
+        "vllm:leaseproto_auth_held_dropped",
+        "Sealed notifications dropped while a P had not answered D's hello (oldest first).",
+    ),
     "lp_decoders_forgotten": (
         "vllm:leaseproto_decoders_forgotten",
         "Silent decode agents whose NIXL metadata P removed.",

@@ -34,12 +34,15 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker import (
 )
 
 from leaseproto import LeaseConfig, wire
+from leaseproto.core.mac import FRAME_OVERHEAD, ClusterKey
+from leaseproto.core.mac_peers import PeerAuth
 
 from .amx import request_amx_tiles
 from .config import lease_config_from_extra_config
 from .leases import LeaseView, WorkerLeases
 from .notifications import NotificationHandling
-from .scheduler import VERIFY_ATTR
+from .scheduler import AUTH_ATTR, ENGINE_AUTH_ATTR, VERIFY_ATTR
+from .sealing import SealedNixl, announce, key_problem, load_key
 from .stats import LeaseprotoKVConnectorStats
 from .verify import ReadVerifier, agent_name, encode_hello
 
@@ -48,9 +51,13 @@ __all__ = ["LeaseprotoConnectorWorker"]
 logger = logging.getLogger("vllm.leaseproto.worker")
 
 
-def _config_of(obj: object) -> LeaseConfig:
+def _extra_of(obj: object) -> Any:
     kv = getattr(getattr(obj, "vllm_config", None), "kv_transfer_config", None)
-    return lease_config_from_extra_config(getattr(kv, "kv_connector_extra_config", None))
+    return getattr(kv, "kv_connector_extra_config", None)
+
+
+def _config_of(obj: object) -> LeaseConfig:
+    return lease_config_from_extra_config(_extra_of(obj))
 
 
 def _on_cpu(vllm_config: Any) -> bool:
@@ -65,6 +72,15 @@ class LeaseprotoConnectorWorker(NotificationHandling, NixlPullConnectorWorker): 
         config = _config_of(self)  # refuses a bad config before NIXL starts
         if _on_cpu(vllm_config):
             request_amx_tiles()  # before any forward: vLLM's AMX attention needs them
+        key = self._cluster_key()  # a bad key file, too, is refused before NIXL starts
+        least = wire.MAX_ID_BYTES + wire.VERDICT_OVERHEAD + FRAME_OVERHEAD
+        if key is not None and config.max_notification_bytes < least:
+            raise ValueError(
+                f"with a cluster_key_file, max_notification_bytes must be at least {least} "
+                f"(the longest verdict plus the {FRAME_OVERHEAD}-byte frame), got "
+                f"{config.max_notification_bytes}"
+            )
+        announce(f"LeaseprotoConnector worker (engine {engine_id})", key)
         self._lp = WorkerLeases(config)
         super().__init__(vllm_config, engine_id, kv_cache_config)
         self._lp.config = self._lp.table.config = config  # vLLM's __init__ set its own extension
@@ -84,6 +100,47 @@ class LeaseprotoConnectorWorker(NotificationHandling, NixlPullConnectorWorker): 
             stale = max(10 * cfg.kv_lease_duration, cfg.max_lease_lifetime or 0.0)
             v = self.__dict__["_lp_verifier"] = ReadVerifier(cfg.lease_extension, stale)
         return v
+
+    def _cluster_key(self) -> ClusterKey | None:
+        if "_lp_key" not in self.__dict__:
+            self.__dict__["_lp_key"] = load_key(_extra_of(self))
+        key: ClusterKey | None = self.__dict__["_lp_key"]
+        return key
+
+    @property
+    def nixl_wrapper(self) -> Any:
+        """vLLM's NIXL agent; with a cluster key, the same behind
+        :class:`~.sealing.SealedNixl`, so vLLM's own sends are sealed too."""
+        try:
+            raw = self.__dict__["_lp_nixl"]
+        except KeyError:
+            raise AttributeError("nixl_wrapper") from None
+        key = self._cluster_key()
+        if key is None:
+            return raw
+        sealed: SealedNixl | None = self.__dict__.get("_lp_sealed")
+        if sealed is None or sealed.inner is not raw:
+            sealed = self.__dict__["_lp_sealed"] = SealedNixl(
+                raw,
+                PeerAuth(key, agent_name(raw.name)),
+                drops=self._drops(),
+                stat=self._stat,
+                defer=self._defer_transfer_done,
+            )
+        return sealed
+
+    @nixl_wrapper.setter
+    def nixl_wrapper(self, value: Any) -> None:
+        self.__dict__["_lp_nixl"] = value
+
+    def _auth(self) -> PeerAuth | None:
+        """This agent's keyed connections (None without a key)."""
+        wrapper = self.nixl_wrapper
+        return wrapper.auth if isinstance(wrapper, SealedNixl) else None
+
+    def _defer_transfer_done(self, req_id: str, agent: str, msg: bytes) -> None:
+        pending = self.__dict__.setdefault("_pending_recv_notifs", {})
+        pending.setdefault(req_id, []).append((agent, msg))
 
     def _lp_set(self, name: str) -> set[str]:
         out: set[str] = self.__dict__.setdefault(name, set())
@@ -149,6 +206,10 @@ class LeaseprotoConnectorWorker(NotificationHandling, NixlPullConnectorWorker): 
         due = {**deferred, **metadata.heartbeat_by_engine}
         deferred.clear()
         max_bytes = self._leases().config.max_notification_bytes
+        key = self._cluster_key()
+        if key is not None:
+            max_bytes -= FRAME_OVERHEAD
+        keyed = getattr(metadata, ENGINE_AUTH_ATTR, {})
         for engine_id, info in due.items():
             pending = self._ensure_handshake(
                 engine_id,
@@ -164,6 +225,8 @@ class LeaseprotoConnectorWorker(NotificationHandling, NixlPullConnectorWorker): 
                 self._stat("lp_heartbeats_deferred")
                 continue
             self._engine_last_active[engine_id] = time.perf_counter()
+            if key is not None and keyed.get(engine_id) == key.key_id:
+                self._hello(engine_id)  # sealed heartbeats wait for P's answer to it
             payloads = self._encode_heartbeat(info.req_ids, max_bytes)
             for agent in self._remote_agents[engine_id].values():
                 for payload in payloads:
@@ -192,7 +255,13 @@ class LeaseprotoConnectorWorker(NotificationHandling, NixlPullConnectorWorker): 
     # -- D: verified reads (I13) ------------------------------------------------------------
     def start_load_kv(self, metadata: NixlConnectorMetadata) -> None:
         self._lp_set("_lp_advertised").update(getattr(metadata, VERIFY_ATTR, ()))
+        self._key_ids().update(getattr(metadata, AUTH_ATTR, {}))
         super().start_load_kv(metadata)
+
+    def _key_ids(self) -> dict[str, str | None]:
+        """Advertised request -> the key id its P advertised (None: no key)."""
+        out: dict[str, str | None] = self.__dict__.setdefault("_lp_key_ids", {})
+        return out
 
     def _read_blocks_for_req(self, req_id: str, meta: Any) -> None:
         remote = meta.remote
@@ -209,11 +278,27 @@ class LeaseprotoConnectorWorker(NotificationHandling, NixlPullConnectorWorker): 
                 remote.engine_id,
                 wire.CAPABILITY,
             )
+        if remote is not None and req_id in self._lp_set("_lp_advertised"):
+            problem = key_problem(
+                remote.engine_id, self._key_ids().get(req_id), self._cluster_key()
+            )
+            if problem is not None:  # refused: vLLM's failure path (recompute), nothing read
+                self._stat("lp_key_mismatch")
+                self._drops().drop("read of a prefill engine with another cluster key", problem)
+                self._used_advert(req_id)
+                self._handle_failed_transfer(
+                    req_id, None, self._recv_failures, record_failed_transfer=False
+                )
+                return
         # handshake pending: vLLM calls us again once it is done, without the metadata
         pending = remote is None or remote.engine_id not in getattr(self, "_remote_agents", {})
         super()._read_blocks_for_req(req_id, meta)
         if not pending:  # posted or failed: the advertisement has been used
-            self._lp_set("_lp_advertised").discard(req_id)
+            self._used_advert(req_id)
+
+    def _used_advert(self, req_id: str) -> None:
+        self._lp_set("_lp_advertised").discard(req_id)
+        self._key_ids().pop(req_id, None)
 
     def _read_blocks(self, read_spec: Any, dst_engine_id: str, **kw: Any) -> bool:
         """One READ from one P rank: vLLM calls this for each rank it reads
@@ -230,7 +315,16 @@ class LeaseprotoConnectorWorker(NotificationHandling, NixlPullConnectorWorker): 
             )
         if agent is not None:
             self._sent_to(agent)  # the transfer-done goes with the READ
-        posted: bool = super()._read_blocks(read_spec=read_spec, dst_engine_id=dst_engine_id, **kw)
+        wrapper = self.nixl_wrapper
+        if isinstance(wrapper, SealedNixl) and agent is not None:
+            wrapper.reading = (agent, req_id)  # the READ's transfer-done is sealed for it
+        try:
+            posted: bool = super()._read_blocks(
+                read_spec=read_spec, dst_engine_id=dst_engine_id, **kw
+            )
+        finally:
+            if isinstance(wrapper, SealedNixl):
+                wrapper.reading = None
         if not posted:  # vLLM routed the request to failure reporting
             self._verifier().forget(req_id)
         return posted
