@@ -324,7 +324,7 @@ def test_a_bad_key_file_is_refused_at_start_up(
     short.write_bytes(b"too short")
     with pytest.raises(ValueError, match=r"cluster_key_file.*at least 16 bytes"):
         _started(monkeypatch, {"cluster_key_file": str(short)})
-    with pytest.raises(ValueError, match="cannot read it"):
+    with pytest.raises(ValueError, match="cannot read the cluster key file"):
         _started(monkeypatch, {"cluster_key_file": str(tmp_path / "missing")})
 
 

@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import logging
 import os
-import stat
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import zmq
 from zmq.utils import z85
 
+from ..adapters.key_file import read_key_file
 from ..core.mac import ClusterKey
 
 if TYPE_CHECKING:
@@ -58,19 +57,11 @@ def load_cluster_key(path: str | os.PathLike[str] | None) -> ClusterKey | None:
     may read it."""
     if path is None:
         return None
-    p = Path(path)
+    raw = read_key_file(path, log=log)
     try:
-        raw = p.read_bytes()
-        mode = p.stat().st_mode
-    except OSError as exc:
-        raise ValueError(f"cannot read the cluster key file {p}: {exc.strerror}") from exc
-    try:
-        key = ClusterKey.from_bytes(raw)
+        return ClusterKey.from_bytes(raw)
     except ValueError as exc:
-        raise ValueError(f"cluster key file {p}: {exc}") from exc
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        log.warning("cluster key file %s can be read by other users (chmod 600 it)", p)
-    return key
+        raise ValueError(f"cluster key file {path}: {exc}") from exc
 
 
 def announce(role: str, key: ClusterKey | None) -> None:

@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import logging
 import os
-import stat
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 from leaseproto.adapters.droplog import DropLog
+from leaseproto.adapters.key_file import read_key_file
 from leaseproto.core.mac import ClusterKey
 from leaseproto.core.mac_peers import ANSWER, PeerAuth, Refused
 
@@ -52,16 +51,9 @@ def load_key(extra: Mapping[str, Any] | None) -> ClusterKey | None:
     if not isinstance(path, (str, os.PathLike)):
         raise ValueError(f"{where}: expected the path of a key file")
     try:
-        raw = Path(path).read_bytes()
-        mode = Path(path).stat().st_mode
-        key = ClusterKey.from_bytes(raw)
-    except OSError as exc:
-        raise ValueError(f"{where}: cannot read it: {exc.strerror}") from exc
+        return ClusterKey.from_bytes(read_key_file(path, log=logger))
     except ValueError as exc:
         raise ValueError(f"{where}: {exc}") from exc
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        logger.warning("cluster key file %s can be read by other users (chmod 600 it)", path)
-    return key
 
 
 def announce(role: str, key: ClusterKey | None) -> None:
