@@ -32,14 +32,33 @@ def test_first_actor_binds_an_unnamed_lease_with_its_engine() -> None:
     assert b.refused["abort"] == 1
 
 
-def test_ids_of_no_live_lease_pass_unbound() -> None:
+def test_ids_of_no_lease_pass_unbound() -> None:
     b = ReaderBinding()
-    assert b.admits("x", "gone", live=False, kind="transfer_done")  # the core says late
+    assert b.admits("x", "gone", live=False, kind="transfer_done")  # the core says unknown
     assert b.bound("gone") is None
-    b.name("a", ["d0"])
-    b.release("a")
-    assert b.admits("x", "a", live=False, kind="heartbeat")
-    assert len(b) == 0
+    assert b.unbound_for("x", ["gone"], LIVE) == []
+
+
+def test_an_ended_lease_keeps_its_binding_within_capacity() -> None:
+    """A forger's late transfer-done or abort for a lease that just ended is
+    refused like one for a live lease: it does not count as a late transfer
+    nor earn the forger a verdict (tests/test_e2e_bound.py's forger raced a
+    release and was answered as a late reader)."""
+    b = ReaderBinding(ended_capacity=2)
+    for rid in ("a", "b", "c"):
+        b.name(rid, ["d0"])
+        b.release(rid)
+    assert len(b) == 0  # no live lease bound
+    assert b.admits("d0", "c", live=False, kind="transfer_done")  # its reader: the core decides
+    assert not b.admits("x", "c", live=False, kind="transfer_done")
+    assert not b.admits("x", "b", live=False, kind="abort")
+    assert b.unbound_for("x", ["c"], set()) is None  # a heartbeat takes the slow path
+    assert b.admits("x", "a", live=False, kind="abort")  # forgotten: oldest first
+    assert b.refused == {"heartbeat": 0, "transfer_done": 1, "abort": 1}
+    b.name("c", ["e0"])  # re-granted (A7): a new lease, bound anew
+    assert b.bound("c") == {"e0"} and b.admits("e0", "c", live=True, kind="abort")
+    b.release("c")
+    assert not b.admits("d0", "c", live=False, kind="abort")
 
 
 def test_the_fast_path_check_binds_only_once_asked_like_admits() -> None:

@@ -96,7 +96,7 @@ class PrefillWorker(PrefillLeases, EngineLoop):
         )
         self.inbox = Inbox()
         self.verdict_readers: set[str] = set()
-        self.binding = ReaderBinding()
+        self.binding = ReaderBinding(ended_capacity=self.config.tombstone_capacity)
         self.agents_forgotten = 0
         self.forgotten_readers: OrderedDict[str, None] = OrderedDict()
         self.verdicts_sent = dict.fromkeys(("ok", "nk", "ll", "hello"), 0)

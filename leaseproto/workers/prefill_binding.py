@@ -16,9 +16,13 @@ A renewal, transfer-done or abort for a bound lease from an agent outside
 its set is refused: counted by kind (:attr:`ReaderBinding.refused`) and
 ignored (no renewal, no count, no verdict). Several D ranks legitimately act
 for one lease under heterogeneous TP (readers ``n``, §2.4); the named set
-holds all of them. Only live leases are bound: an id P holds no lease for
-passes on to the core, which counts it (late, unknown, staged) and frees
-nothing that is live.
+holds all of them. An ended lease keeps its binding while P may still
+remember it (as many as P keeps tombstones, oldest forgotten first), so a late
+transfer-done or abort from another agent is refused too: it neither counts as
+a late transfer nor earns the sender a verdict. An id P holds no binding for
+(never granted, forgotten, or granted unnamed and not acted for yet) passes on
+to the core, which counts it (late, unknown, staged) and frees nothing that is
+live.
 
 The record also keeps when each agent was last heard and which agents a
 live lease is bound to, for :meth:`ReaderBinding.silent` (P forgets
@@ -28,6 +32,7 @@ decoders that hold no live lease and have said nothing for
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Collection, Iterable
 
 __all__ = ["ACTS", "ReaderBinding"]
@@ -39,8 +44,11 @@ ACTS = ("heartbeat", "transfer_done", "abort")
 class ReaderBinding:
     """Lease id -> the D agents that may act for it, on one P rank."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, ended_capacity: int = 100_000) -> None:
         self._bound: dict[str, frozenset[str]] = {}
+        #: ended leases' bindings, oldest first, at most ``ended_capacity``
+        self._ended: OrderedDict[str, frozenset[str]] = OrderedDict()
+        self.ended_capacity = ended_capacity
         #: each distinct set bound to, with how many live leases are bound to it
         self._groups: dict[frozenset[str], int] = {}
         #: agent -> the agents the router last named with it (its decode engine)
@@ -51,11 +59,13 @@ class ReaderBinding:
         self.last_heard: dict[str, float] = {}
 
     def __len__(self) -> int:
+        """How many live leases are bound."""
         return len(self._bound)
 
     def bound(self, req_id: str) -> frozenset[str] | None:
-        """The agents ``req_id`` is bound to, or None while it is unbound."""
-        return self._bound.get(req_id)
+        """The agents ``req_id`` (live, or ended and remembered) is bound to, or
+        None while it is unbound."""
+        return self._bound.get(req_id) or self._ended.get(req_id)
 
     def only_engine(self) -> frozenset[str] | None:
         """The one set every bound lease is bound to, or None (none bound, or
@@ -69,6 +79,7 @@ class ReaderBinding:
         old = self._bound.get(req_id)
         if old is not None:
             self._unbind(old)
+        self._ended.pop(req_id, None)  # a re-grant (A7) is a new lease
         self._bound[req_id] = group
         self._groups[group] = self._groups.get(group, 0) + 1
 
@@ -101,7 +112,10 @@ class ReaderBinding:
         if group is None:
             if live:
                 self._bind(req_id, self._engine_of(sender))
-            return True
+                return True
+            group = self._ended.get(req_id)
+            if group is None:
+                return True
         if sender in group:
             return True
         self.refused[kind] += 1
@@ -121,7 +135,9 @@ class ReaderBinding:
             if group is None:
                 if rid in live:
                     unbound.append(rid)
-            elif sender not in group:
+                    continue
+                group = self._ended.get(rid)
+            if group is not None and sender not in group:
                 return None
         return unbound
 
@@ -133,10 +149,15 @@ class ReaderBinding:
                 self._bind(rid, engine)
 
     def release(self, req_id: str) -> None:
-        """The lease ended: forget its binding."""
+        """The lease ended: its binding moves to the ended ones (the oldest of
+        those is forgotten past ``ended_capacity``)."""
         group = self._bound.pop(req_id, None)
         if group is not None:
             self._unbind(group)
+            if self.ended_capacity > 0:
+                self._ended[req_id] = group
+                if len(self._ended) > self.ended_capacity:
+                    self._ended.popitem(last=False)
 
     def heard(self, sender: str, now: float) -> None:
         self.last_heard[sender] = now
