@@ -29,7 +29,7 @@ import z3
 from leaseproto.core import rules as R
 from leaseproto.core.state import Input, LeaseState
 
-from . import bmc, loops, model, table_invariants, table_model, timing
+from . import bmc, loops, model, table_invariants, table_model, timing, timing_turn2
 from . import counterexamples as cx
 from . import invariants as inv_mod
 from .kit import System, fmt, model_value
@@ -239,6 +239,29 @@ def theorem_obligations(theorems: Sequence[model.Theorem]) -> list[Obligation]:
     return obs
 
 
+def refutation_obligations(theorems: Sequence[model.Theorem]) -> list[Obligation]:
+    """A naive variant is refuted: z3 must find values meeting its hypotheses where
+    its goal fails (expected SAT, as the counterexamples of §11.13)."""
+    obs = []
+    for th in theorems:
+
+        def show(m: Any, th: Any = th) -> list[str]:
+            return ["counterexample: " + render(m, th.show.items())]
+
+        obs.append(
+            Obligation(
+                th.system,
+                f"{th.id} {th.name} refuted",
+                (th.id,),
+                "sat",
+                [th.hyps, z3.Not(th.goal)],
+                show,
+                why=f"naive variant not refuted: {th.text}",
+            )
+        )
+    return obs
+
+
 def concrete_rule_obligations() -> list[Obligation]:
     """The runtime's branch of ``next_state`` (a table lookup on ``int``) and the
     symbolic one the models use agree on every (state, input, guard): what is proven
@@ -316,6 +339,8 @@ def all_obligations(system: str | None = None) -> list[Obligation]:
             obs += loop_obligations()
         obs += theorem_obligations(model.gate_theorems())
         obs += theorem_obligations(timing.theorems())
+        obs += theorem_obligations(timing_turn2.theorems())
+        obs += refutation_obligations(timing_turn2.naive_refutations())
     if system is None or system.startswith("timing"):
         for sys_, invs in timing.systems():
             obs += system_obligations(sys_, invs)

@@ -393,10 +393,12 @@ def systems() -> list[tuple[Any, list[Invariant]]]:
     return out
 
 
-def theorems() -> list[Theorem]:
-    """I9 with drift: the gate, which ages the sample's uncertainty, stays sound."""
+def gate_admits(peer_at: str = "peer_at_read") -> tuple[Any, dict[str, Any]]:
+    """The gate admits a read at local ``now`` (real time ``tau``), with a sample
+    ``(t0, T, t1)`` taken at real ``tau_b``, both clocks drifting within ``rho``:
+    ``(hypotheses, {name: term})``; ``peer_at`` names the peer's clock at ``tau``."""
     rho, t0, t1, peer_t, now, d, margin = z3.Reals("rho t0 t1 T now remote_deadline margin")
-    tau_b, tau, cl_b, cq = z3.Reals("tau_b tau local_at_b peer_at_read")
+    tau_b, tau, cl_b, cq = z3.Reals(f"tau_b tau local_at_b {peer_at}")
     # local clock reads cl_b at real tau_b (when the peer read T) and now at real tau
     offset, unc = peer_t - (t0 + t1) / 2, (t1 - t0) / 2
     hyps = z3.And(
@@ -411,6 +413,16 @@ def theorems() -> list[Theorem]:
         drift(peer_t, cq, tau - tau_b, rho),
         R.read_allowed(d, now, offset, R.aged_uncertainty(unc, now - t0, rho), margin),
     )
+    names = {"rho": rho, "t0": t0, "t1": t1, "T": peer_t, "now": now, "remote_deadline": d}
+    names.update({"margin": margin, "tau": tau, "local_at_b": cl_b, "peer_at": cq})
+    return hyps, names
+
+
+def theorems() -> list[Theorem]:
+    """I9 with drift: the gate, which ages the sample's uncertainty, stays sound."""
+    hyps, v = gate_admits()
+    rho, t0, t1, peer_t, now = v["rho"], v["t0"], v["t1"], v["T"], v["now"]
+    d, margin, cl_b, cq = v["remote_deadline"], v["margin"], v["local_at_b"], v["peer_at"]
     show = {
         "rho": rho,
         "t0": t0,

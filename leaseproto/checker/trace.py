@@ -87,6 +87,8 @@ class Report:
     matched: int = 0
     external: int = 0
     uses: int = 0
+    recomputes: int = 0
+    prefix_uses: int = 0
     cut: int = 0
     seconds: float = 0.0
     violations: list[Violation] = field(default_factory=list)
@@ -109,8 +111,9 @@ class Report:
             f"check-trace: {status}: {self.events} events in {self.files} files "
             f"({self.cut} cut short), {self.leases} leases granted, {self.releases} released, "
             f"{self.matched} notifications matched to their sends ({self.external} from "
-            f"untraced agents), {self.uses} reads used, no bidirectional reads (I9: the "
-            f"workers make none); {self.seconds:.3f} s\n{self.timing.summary()}"
+            f"untraced agents), {self.uses} reads used ({self.prefix_uses} turn-2 prefixes, "
+            f"I14), {self.recomputes} prefixes recomputed; {self.seconds:.3f} s\n"
+            f"{self.timing.summary()}"
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -125,8 +128,8 @@ class Report:
             "matched": self.matched,
             "external": self.external,
             "uses": self.uses,
-            # the trace format has no bidirectional read: the workers make none (I9)
-            "bidirectional_reads": 0,
+            "prefix_uses": self.prefix_uses,
+            "recomputes": self.recomputes,
             "timing": self.timing.as_dict(),
             "seconds": self.seconds,
             "violations": len(self.violations),
@@ -246,6 +249,51 @@ def _ended_read(
     return None
 
 
+def _grantor(tf: TraceFile) -> bool:
+    """A trace holding leases in its own table: P's, or any trace with ``grant``
+    events (D's cached turns and push registrations, spec §2.8)."""
+    return tf.role == "prefill" or any(e.ev == "grant" for e in tf.events)
+
+
+#: the invariant a reader's ``use`` of each kind is checked against (spec §2.8)
+USE_KINDS = {"decode": "I13", "prefix": "I14", "push": "I15"}
+RECOMPUTE_REASONS = frozenset({"nack", "timeout", "lost", "gate"})
+
+
+def _completes(h: Event, remote: str) -> bool:
+    """Whether ``h`` is the grantor handling a transfer-done (a write completion) for ``remote``."""
+    if h.ev != "handle":
+        return False
+    try:
+        msg = wire.decode(h.data())
+    except wire.MalformedMessage:
+        return False
+    return isinstance(msg, wire.TransferDone) and msg.req_id == remote
+
+
+def _push_use(
+    tf: TraceFile, e: Event, remote: str, replays: dict[str, PrefillReplay]
+) -> str | None:
+    """I15 on the grantor D: what is wrong with using pushed KV for ``remote``
+    (its own registration lease), or None. D's own table must have handled a
+    write completion for it while the registration was live."""
+    replay = replays.get(tf.agent)
+    writers = {
+        str(h.obj.get("src")) for h in tf.events if h.line < e.line and _completes(h, remote)
+    }
+    got = [] if replay is None else [replay.read_state.get((w, remote)) for w in sorted(writers)]
+    states = [st for st in got if st is not None]
+    if not states:
+        return f"used pushed KV of {remote} before handling a write completion for it"
+    if any(st != GRANTED for st in states):
+        bad = next(st for st in states if st != GRANTED)
+        return (
+            f"used pushed KV of {remote}, whose registration lease had ended when its "
+            f"write completion was handled ({LeaseState(bad).name})"
+        )
+    return None
+
+
 def _decode(
     tf: TraceFile,
     by_agent: dict[str, TraceFile],
@@ -275,9 +323,30 @@ def _decode(
                 greeted.add(str(e.obj.get("src")))
             elif isinstance(msg, wire.Ok):
                 oks.add((str(e.obj.get("src")), msg.req_id))
+        elif e.ev == "recompute":
+            report.recomputes += 1
+            if "req" not in e.obj or e.obj.get("reason") not in RECOMPUTE_REASONS:
+                report.violations.append(
+                    Violation(
+                        "format",
+                        e,
+                        f"a recompute event without req or a reason in {sorted(RECOMPUTE_REASONS)}",
+                    )
+                )
         elif e.ev == "use":
             report.uses += 1
             remote = str(e.obj.get("remote"))
+            inv = USE_KINDS.get(str(e.obj.get("kind", "decode")))
+            if inv is None:
+                report.violations.append(
+                    Violation("format", e, f"a use of kind {e.obj.get('kind')!r}")
+                )
+                continue
+            report.prefix_uses += inv == "I14"
+            if inv == "I15":
+                if (bad := _push_use(tf, e, remote, replays)) is not None:
+                    report.violations.append(Violation(inv, e, bad))
+                continue
             got = e.obj.get("ok_from", [])
             if not isinstance(got, list):
                 report.violations.append(
@@ -289,14 +358,14 @@ def _decode(
             missing = sorted(a for a in ok_from if (a, remote) not in oks)
             if missing:
                 report.violations.append(
-                    Violation("I13", e, f"used the read of {remote} before OK from {missing[0]}")
+                    Violation(inv, e, f"used the read of {remote} before OK from {missing[0]}")
                 )
             elif not sources:
-                report.violations.append(Violation("I13", e, f"used {remote}, never read"))
+                report.violations.append(Violation(inv, e, f"used {remote}, never read"))
             elif ok_from - sources:
                 report.violations.append(
                     Violation(
-                        "I13",
+                        inv,
                         e,
                         f"used the read of {remote} on an OK from {sorted(ok_from - sources)[0]}, "
                         "which it did not read it from",
@@ -305,7 +374,7 @@ def _decode(
             elif (ended := _ended_read(tf, remote, sources, replays)) is not None:
                 report.violations.append(
                     Violation(
-                        "I13",
+                        inv,
                         e,
                         f"used the read of {remote}, whose lease had ended when P handled its "
                         f"transfer-done: {ended}",
@@ -320,7 +389,7 @@ def _decode(
                 if unverified:
                     report.violations.append(
                         Violation(
-                            "I13",
+                            inv,
                             e,
                             f"used the read of {remote} from {unverified[0]}, which gives "
                             "verdicts, without waiting for its OK",
@@ -345,7 +414,7 @@ def check_traces(
     replays: dict[str, PrefillReplay] = {}
     for tf in traces:
         report.violations += tf.bad
-        if tf.role == "prefill":
+        if _grantor(tf):
             try:
                 replay = replays[tf.agent] = PrefillReplay(tf.header, complete=tf.complete)
             except (LeaseProtocolError, KeyError, TypeError, ValueError) as exc:
@@ -359,7 +428,7 @@ def check_traces(
             report.releases += replay.releases
             report.violations += replay.violations
     for tf in traces:
-        if tf.role == "decode":
+        if tf.role == "decode" or any(e.ev in ("use", "recompute") for e in tf.events):
             _decode(tf, by_agent, replays, report)
     _network(traces, report)
     report.timing = check_timing(traces, slack=slack)

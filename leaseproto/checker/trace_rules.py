@@ -119,6 +119,8 @@ class PrefillReplay:
 
     def __init__(self, header: dict[str, Any], *, complete: bool) -> None:
         self.config = LeaseConfig.from_extra_config(header.get("config", {}))
+        push = header.get("config", {}).get("push_registration_timeout")
+        self.push_ttl: float | None = None if push is None else float(push)
         self.table = NaiveLeaseTable(self.config)
         self.lease_policy = header.get("policy", "lease") == "lease"
         self.complete = complete
@@ -157,6 +159,8 @@ class PrefillReplay:
 
     def _feed(self, e: Event) -> None:
         kind, o = e.ev, e.obj
+        if kind in ("recv", "handle") and _reader_side(e.data()):
+            return  # a verdict for this process's reads: its reader side's (spec §2.8)
         if kind == "recv":
             key = (str(o["src"]), e.data())
             self.received[key] += 1
@@ -213,17 +217,37 @@ class PrefillReplay:
         if not 1 <= consumers <= wire.MAX_COUNT:
             self._fail("format", e, f"a grant to {consumers} consumers")
             return
-        rel = self.table.grant(req, now=now, consumers=consumers)
+        initial = self._initial_ttl(e, o)
+        if initial is None:
+            return
+        rel = self.table.grant(req, now=now, consumers=consumers, ttl=initial)
         deadline = self.table.deadline(req)
         lease = None if deadline is None else deadline - now
         if lease != o.get("lease"):
             self._fail("I5", e, f"logged lease {o.get('lease')}, the table grants {lease}")
-        ttl = rules.grant_deadline(now, self.config.kv_lease_duration) - now
+        ttl = rules.grant_deadline(now, initial) - now
         if lease is not None and abs(lease - ttl) > EPS:
             self._fail("I5", e, f"a {lease} s lease, not the initial {ttl} s")
         self.ghost[req] = _Ghost(rules.GRANTED, now + float(o.get("lease") or 0.0), now)
         if rel is not None:
             self._expected.append(("release", rel))
+
+    def _initial_ttl(self, e: Event, o: dict[str, Any]) -> float | None:
+        """The initial lease of a grant of this kind (spec §2.8): P's lease
+        (``prefill``, the default), D's cached turn (``turn``) or D's push
+        registration (``push``, ``push_registration_timeout`` in the header's
+        configuration, ``decoder_kv_blocks_ttl`` when absent); None (a format
+        violation) for another kind."""
+        kind = o.get("kind", "prefill")
+        if kind == "prefill":
+            return self.config.kv_lease_duration
+        if kind == "turn":
+            return self.config.decoder_kv_blocks_ttl
+        if kind == "push":
+            push = self.push_ttl
+            return self.config.decoder_kv_blocks_ttl if push is None else push
+        self._fail("format", e, f"a grant of kind {kind!r} (not prefill, turn or push)")
+        return None
 
     def _in_abort_req(self, e: Event, o: dict[str, Any]) -> None:
         rel = self.table.abort(str(o["req"]), now=float(o["now"]))
@@ -396,6 +420,8 @@ class PrefillReplay:
             msg = wire.decode(data)
         except wire.MalformedMessage:
             msg = None
+        if isinstance(msg, (wire.Heartbeat, wire.TransferDone, wire.Abort)):
+            return  # what this process sends as a reader of another's lease (spec §2.8)
         done = self._msg if isinstance(self._msg, wire.TransferDone) else None
         if isinstance(msg, (wire.Ok, wire.Nack)) and done is not None and msg.req_id == done.req_id:
             ok = rules.transfer_verdict_ok(self._verdict_state)
@@ -405,3 +431,13 @@ class PrefillReplay:
                 return
         if not self._match(("send", to, data)):
             self._fail("I13", e, f"sent {data!r} to {to}, which nothing P handled calls for")
+
+
+def _reader_side(data: bytes) -> bool:
+    """A verdict or lease-lost: what a grantor sends, handled by the reader side of
+    the process that received it, never by its grant table (spec §2.8)."""
+    try:
+        msg = wire.decode(data)
+    except wire.MalformedMessage:
+        return False
+    return isinstance(msg, (wire.Ok, wire.Nack, wire.LeaseLost))
