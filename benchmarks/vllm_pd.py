@@ -41,6 +41,7 @@ from typing import Any
 
 from _common import machine, table
 
+from leaseproto.checker.trace import check_files
 from leaseproto.integrations.vllm.tinymodel import WORDS, build_tiny_model
 
 LEASE = 12  # kv_lease_duration: heartbeat every 2 s, extension 8 s (vLLM's derivation)
@@ -98,13 +99,17 @@ class Server:
         log: Path,
         max_num_seqs: int,
         blocks: int,
+        traces: Path | None = None,
     ) -> None:
         self.port = free_port()
+        extra: dict[str, Any] = {"kv_lease_duration": LEASE}
+        if traces is not None and connector == "LeaseprotoConnector":
+            extra["trace_dir"] = str(traces)  # check-trace validates the run
         cfg: dict[str, Any] = {
             "kv_connector": connector,
             "kv_role": role,
             "kv_buffer_device": "cpu",
-            "kv_connector_extra_config": {"kv_lease_duration": LEASE},
+            "kv_connector_extra_config": extra,
             # a failed load recomputes instead of failing the request (0.32's default is "fail")
             "kv_load_failure_policy": "recompute",
         }
@@ -174,6 +179,11 @@ class Server:
                 self.proc.wait()
 
 
+#: when each prefill's reply reached the router (time.monotonic()): P's scheduler stamps
+#: the lease as it finishes the prefill, just before it replies, so the lease begins here
+PREFILLED: list[float] = []
+
+
 def route(p: Server, d: Server, text: str, max_tokens: int) -> str | None:
     """vLLM's toy proxy: prefill on P (one token, KV kept for D), then decode on D."""
     first = post(
@@ -186,6 +196,7 @@ def route(p: Server, d: Server, text: str, max_tokens: int) -> str | None:
             "kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False},
         },
     )
+    PREFILLED.append(time.monotonic())
     try:
         out = post(
             d.port,
@@ -207,7 +218,7 @@ def route(p: Server, d: Server, text: str, max_tokens: int) -> str | None:
 SHAPE = {"kv_producer": ("0", 8, 32), "kv_consumer": ("1", 2, 256)}
 
 
-def server(model: Path, role: str, connector: str, log: Path) -> Server:
+def server(model: Path, role: str, connector: str, log: Path, traces: Path) -> Server:
     cpu, seqs, blocks = SHAPE[role]
     return Server(
         model=model,
@@ -217,14 +228,16 @@ def server(model: Path, role: str, connector: str, log: Path) -> Server:
         log=log,
         max_num_seqs=seqs,
         blocks=blocks,
+        traces=traces,
     )
 
 
 def run_pair(name: str, model: Path, logs: Path, n: int, max_tokens: int) -> dict[str, Any]:
     p_conn, d_conn = PAIRS[name]
     tag = name.replace(" ", "_").replace("+", "")
-    p = server(model, "kv_producer", p_conn, logs / f"{tag}-P.log")
-    d = server(model, "kv_consumer", d_conn, logs / f"{tag}-D.log")
+    traces = logs / f"{tag}-traces"
+    p = server(model, "kv_producer", p_conn, logs / f"{tag}-P.log", traces)
+    d = server(model, "kv_consumer", d_conn, logs / f"{tag}-D.log", traces)
     rows: dict[str, Any] = {}
     try:
         p.wait_up()
@@ -305,6 +318,12 @@ def run_pair(name: str, model: Path, logs: Path, n: int, max_tokens: int) -> dic
                 "kill_to_last_free_s": (
                     None if kill_at is None or last_free is None else round(last_free - kill_at, 2)
                 ),
+                # the bound runs from the last grant (leases granted after the kill count)
+                "last_grant_to_last_free_s": (
+                    None
+                    if last_free is None
+                    else round(last_free - max(t for t in PREFILLED if t <= last_free), 2)
+                ),
                 "bound_s": LEASE if phase == "kill" else None,
             }
             print(name, phase, rows[phase], flush=True)
@@ -314,7 +333,60 @@ def run_pair(name: str, model: Path, logs: Path, n: int, max_tokens: int) -> dic
     finally:
         d.stop()
         p.stop()
+    rows["trace"] = validate(traces)
     return rows
+
+
+def validate(traces: Path) -> dict[str, Any] | None:
+    """``leaseproto check-trace`` over the connector's traces of one pair (None: no trace)."""
+    files = sorted(traces.glob("*.jsonl")) if traces.is_dir() else []
+    if not files:
+        return None
+    report = check_files(files)
+    out = report.as_dict()
+    out["violation_list"] = [str(v) for v in report.violations[:20]]
+    out["grants"] = grant_leases(files)
+    print(
+        f"trace validation: {report.events} events, {len(report.violations)} violations "
+        f"({report.leases} leases, {report.uses} verified reads used; {len(files)} files)",
+        flush=True,
+    )
+    for v in report.violations[:5]:
+        print("  ", v, flush=True)
+    return out
+
+
+def grant_leases(files: list[Path]) -> dict[str, Any]:
+    """What P's grants say: the lease left at the worker's grant (vLLM's scheduler
+    stamps it earlier), and each expiry's time from its grant and last renewal."""
+    left: list[float] = []
+    expiries: list[dict[str, Any]] = []
+    for f in files:
+        if not f.name.startswith("prefill-"):
+            continue
+        for line in f.read_text().splitlines():
+            try:
+                e = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if e.get("ev") == "grant" and e.get("lease") is not None:
+                left.append(float(e["lease"]))
+            elif e.get("ev") == "release" and e.get("reason") == "expired":
+                last = e.get("last_renewal")
+                expiries.append(
+                    {
+                        "req": e["req"],
+                        "at": e["at"],
+                        "after_grant_s": round(e["at"] - e["granted_at"], 3),
+                        "after_last_renewal_s": None if last is None else round(e["at"] - last, 3),
+                    }
+                )
+    return {
+        "lease_left_at_grant_s": None
+        if not left
+        else {"min": round(min(left), 3), "max": round(max(left), 3), "n": len(left)},
+        "expiries": expiries,
+    }
 
 
 def main() -> None:
@@ -342,6 +414,7 @@ def main() -> None:
         "unverified (D)",
         "recomputed (D)",
         "kill -> last free s",
+        "last grant -> last free s",
     )
     out = []
     for name, rows in results.items():
@@ -361,11 +434,18 @@ def main() -> None:
                     r["late_reads"],
                     "-" if r["unverified"] is None else r["unverified"],
                     "-" if r["recomputed"] is None else r["recomputed"],
-                    "-" if free is None else f"{free} (bound {r['bound_s']})",
+                    "-" if free is None else str(free),
+                    "-"
+                    if r.get("last_grant_to_last_free_s") is None
+                    else f"{r['last_grant_to_last_free_s']} (bound {r['bound_s']})",
                 )
             )
     print(f"kv_lease_duration {LEASE} s; {machine()}")
     print(table(header, out))
+    for name, rows in results.items():
+        t = rows.get("trace")
+        if t is not None:
+            print(f"{name}: trace validation: {t['events']} events, {t['violations']} violations")
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
 

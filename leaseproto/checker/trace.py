@@ -1,7 +1,7 @@
 """Trace validation of real runs: ``leaseproto check-trace FILE...`` (spec §9.1).
 
 Each worker started with ``--trace FILE`` writes JSON lines
-(:mod:`leaseproto.workers.trace`). :func:`check_files` merges the traces of
+(:mod:`leaseproto.adapters.trace_writer`). :func:`check_files` merges the traces of
 one run and checks:
 
 * each prefill rank, replayed through a fresh ``LeaseTable`` and the rules

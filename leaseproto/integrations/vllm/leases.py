@@ -27,6 +27,7 @@ from leaseproto import (
     Release,
     TransferCounted,
 )
+from leaseproto.adapters.trace_writer import NO_TRACE, NoTrace
 
 __all__ = ["LeaseView", "WorkerLeases"]
 
@@ -55,6 +56,12 @@ class WorkerLeases:
         self.settled: list[Release] = []
         # ids the table refused to lease (see grant_until): freed at the next reap
         self.refused: list[str] = []
+        #: the worker's event trace (:mod:`.trace`); off by default
+        self.trace: NoTrace = NO_TRACE
+        #: leases granted since :meth:`take_granted`
+        self.granted = 0
+        #: what the trace calls these grants: P's (``prefill``) or D's cached turn (``turn``)
+        self.grant_kind = "prefill"
 
     def now(self) -> float:
         """The worker clock, never earlier than the last ``now`` handed to the table."""
@@ -69,7 +76,7 @@ class WorkerLeases:
         lease for the id is replaced (vLLM overwrites its map entry)."""
         t = self.now() if now is None else now
         if req_id in self.table:
-            self.table.abort(req_id, now=t)
+            self.abort(req_id, now=t)
         ttl = deadline - t
         if not ttl > _EPSILON:
             ttl = _EPSILON
@@ -81,8 +88,31 @@ class WorkerLeases:
             self._due.discard(req_id)
             self.refused.append(req_id)
             return
+        self.granted += 1
+        if self.trace.enabled:
+            left = self.table.deadline(req_id)
+            # the lease began when vLLM's scheduler stamped it: the grant is its rest
+            self.trace.emit(
+                "grant",
+                now=t,
+                req=req_id,
+                consumers=1,
+                lease=None if left is None else left - t,
+                rebased=True,
+                kind=self.grant_kind,
+            )
         if release is not None:  # staged early notifications completed it at once
+            self.trace.release(release, 0)
             self.settled.append(release)
+
+    def abort(self, req_id: str, *, now: float | None = None) -> Release | None:
+        """End ``req_id``'s lease now (vLLM deleted it from ``_reqs_to_send``)."""
+        t = self.now() if now is None else now
+        self.trace.emit("abort_req", now=t, req=req_id)
+        release = self.table.abort(req_id, now=t)
+        if release is not None:
+            self.trace.release(release, 0)
+        return release
 
     def reap(self) -> list[Release]:
         """Expire every lease whose deadline has passed, plus the already-due grants."""
@@ -93,7 +123,16 @@ class WorkerLeases:
                 now = d
         self._due.clear()
         self._last = max(self._last, now)
-        return self.table.expire(now=now)
+        released = self.table.expire(now=now)
+        self.trace.expire(now, len(released))
+        for release in released:
+            self.trace.release(release, 0)
+        return released
+
+    def take_granted(self) -> int:
+        """Leases granted since the last call (``vllm:leaseproto_leases_granted``)."""
+        out, self.granted = self.granted, 0
+        return out
 
     def take_settled(self) -> list[Release]:
         """Releases produced by grants that staged notifications completed."""
@@ -106,11 +145,15 @@ class WorkerLeases:
         return out
 
     def transfer_done(
-        self, req_id: str, readers: int
+        self, req_id: str, readers: int, *, now: float | None = None
     ) -> Release | TransferCounted | LateTransfer | None:
         """One transfer-done carrying vLLM's ``n`` (``readers``): the lease ends
         after ``readers`` of them (the core counts them)."""
-        return self.table.transfer_done(req_id, now=self.now(), readers=readers)
+        t = self.now() if now is None else now
+        out = self.table.transfer_done(req_id, now=t, readers=readers)
+        if isinstance(out, Release):
+            self.trace.release(out, 0)
+        return out
 
     def readers_done(self, req_id: str) -> int:
         """Transfer-dones counted so far for a live lease."""
@@ -149,7 +192,7 @@ class LeaseView(MutableMapping[str, float]):
     def __delitem__(self, req_id: str) -> None:
         if req_id not in self._leases.table:
             raise KeyError(req_id)
-        self._leases.table.abort(req_id, now=self._leases.now())
+        self._leases.abort(req_id)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._leases.table.live())

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from leaseproto import LateTransfer, Release, ReleaseReason, wire
 from leaseproto.adapters.droplog import DropLog
+from leaseproto.adapters.trace_writer import text
 from leaseproto.core.mac_peers import ANSWER
 
 from .binding import Greeters, ReaderBindings
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
     from leaseproto.core.mac_peers import PeerAuth
 
     from .leases import WorkerLeases
-    from .verify import ReadVerifier
+    from .verify import ReadVerifier, Settled
 
 __all__ = ["NotificationHandling"]
 
@@ -60,6 +61,13 @@ class NotificationHandling:
             d = self.__dict__["_lp_drops"] = DropLog(logger)
         return d
 
+    def _notes(self) -> DropLog:
+        """Rate-limited lines about what a peer made happen (not drops)."""
+        d: DropLog | None = self.__dict__.get("_lp_notes")
+        if d is None:
+            d = self.__dict__["_lp_notes"] = DropLog(logger, prefix="")
+        return d
+
     def _bindings(self) -> ReaderBindings:
         b: ReaderBindings | None = self.__dict__.get("_lp_bindings")
         if b is None:
@@ -85,18 +93,20 @@ class NotificationHandling:
         self._greeters().heard(agent, now=self._leases().now())
         hello = decode_hello(raw)
         if hello is not None:
+            self._handled(agent, raw)
             self._on_hello(agent, hello)
             return
         try:
             msg = wire.decode(raw)
         except wire.MalformedMessage as exc:
+            self._handled(agent, raw)
             self._stat("lp_malformed")
             self._drops().drop("malformed notification", f"from {agent}: {exc}")
             return
         if isinstance(msg, wire.Heartbeat):
-            self._renew(msg.ids, agent)
+            self._renew(msg.ids, agent, raw)
         elif isinstance(msg, wire.TransferDone):
-            self._transfer_done(msg.req_id, msg.count, done, agent)
+            self._transfer_done(msg.req_id, msg.count, done, agent, raw)
         elif isinstance(msg, (wire.Ok, wire.Nack, wire.LeaseLost)):
             ignored = self._verifier().on_message(msg, agent)
             if ignored is not None:
@@ -110,20 +120,52 @@ class NotificationHandling:
             if msg.req_id in lp.table and not self._bindings().admit(
                 msg.req_id, agent, now=now, act="abort"
             ):
+                self._handled(agent, raw, now, (msg.req_id,))
                 self._foreign("abort", msg.req_id, agent)
                 return
+            self._handled(agent, raw, now)
             release = lp.table.abort(msg.req_id, now=now)
             if release is not None:
+                lp.trace.release(release, 0)
                 self._stat("lp_aborted")
                 self._released(release, done)
         else:
+            self._handled(agent, raw)
             self._stat("lp_malformed")
             self._drops().drop("not a message for P", f"{type(msg).__name__} from {agent}")
+
+    def _handled(
+        self, agent: str, raw: bytes, now: float | None = None, refused: tuple[str, ...] = ()
+    ) -> None:
+        """Trace the notification P hands its lease table now, with the ids it
+        refused (bound to other agents), before what it does (check-trace)."""
+        trace = self._leases().trace
+        if trace.enabled:
+            extra: dict[str, Any] = {"refused": list(refused)} if refused else {}
+            t = self._leases().now() if now is None else now
+            trace.emit("handle", now=t, src=agent, data=text(bytes(raw)), **extra)
 
     def _foreign(self, what: str, req_id: str, agent: str, n: int = 1) -> None:
         self._stat("lp_foreign_acts", n)
         self._drops().drop(
             "act for a lease bound to another agent", f"{what} for {req_id} from {agent}"
+        )
+
+    # -- D: what became of a verified read ------------------------------------------------------
+    def _read_settled(self, read: Settled) -> None:
+        """Trace a read D uses; log one it fails (P's NK, or no verdict in time),
+        rate-limited: vLLM then recomputes it (``kv_load_failure_policy``)."""
+        if read.ok:
+            self._leases().trace.emit(
+                "use", req=read.local_id, remote=read.remote_id, ok_from=read.agents
+            )
+            return
+        kind = "read refused" if read.how.startswith("NK:") else "verdict timeout"
+        self._notes().drop(
+            kind,
+            f"request {read.local_id} (prefill's {read.remote_id}): {read.how}; what was read "
+            "is not used: the request fails its KV load (recomputed under "
+            "kv_load_failure_policy=recompute)",
         )
 
     # -- P: heartbeats, transfer-dones --------------------------------------------------------
@@ -138,9 +180,12 @@ class NotificationHandling:
         assert isinstance(msg, wire.Heartbeat)
         self._renew(msg.ids)
 
-    def _renew(self, ids: tuple[str, ...], agent: str | None = None) -> None:
+    def _renew(
+        self, ids: tuple[str, ...], agent: str | None = None, raw: bytes | None = None
+    ) -> None:
         lp = self._leases()
         now = lp.now()
+        foreign: list[str] = []
         if agent is not None:
             bindings = self._bindings()
             foreign = [
@@ -154,7 +199,14 @@ class NotificationHandling:
                 ids = tuple(r for r in ids if r not in skip)
         before = lp.table.stats
         lost: list[str] = []
+        if agent is not None and raw is not None:
+            self._handled(agent, raw, now, tuple(foreign))
         renewed = lp.table.renew(ids, now=now, lost=lost)
+        if lp.trace.enabled and agent is not None and ids:
+            left = {rid: lp.table.deadline(rid) for rid in ids}
+            lp.trace.emit(
+                "renew", now=now, leases={r: d - now for r, d in left.items() if d is not None}
+            )
         if agent is not None and agent in self._greeters():
             for rid in lost:  # advisory: D may give up early; a verdict still decides
                 self._answer(agent, wire.lease_lost(rid, lp.table.lost_reason(rid, now=now)))
@@ -164,10 +216,16 @@ class NotificationHandling:
         self._stat("lp_heartbeat_ids_late", len(lost))
 
     def _transfer_done(
-        self, req_id: str, readers: int, done: set[str], agent: str | None = None
+        self,
+        req_id: str,
+        readers: int,
+        done: set[str],
+        agent: str | None = None,
+        raw: bytes | None = None,
     ) -> None:
         lp = self._leases()
         table = lp.table
+        now = lp.now()
         known = (
             req_id in table
             or table.ended(req_id) is not None
@@ -176,34 +234,50 @@ class NotificationHandling:
         if (
             known
             and agent is not None
-            and not self._bindings().admit(
-                req_id, agent, now=lp.now(), act="transfer", readers=readers
-            )
+            and not self._bindings().admit(req_id, agent, now=now, act="transfer", readers=readers)
         ):
+            if raw is not None:
+                self._handled(agent, raw, now, (req_id,))
             self._foreign("transfer-done", req_id, agent)
             return
-        result = lp.transfer_done(req_id, readers) if known else None
+        if agent is not None and raw is not None:
+            self._handled(agent, raw, now)
+        result = lp.transfer_done(req_id, readers, now=now) if known else None
+        answer: wire.Message | None = None
         if agent is not None and agent in self._greeters():
             if known and result is None:  # early: staged, answered when the grant settles it
                 self.__dict__.setdefault("_lp_early", {}).setdefault(req_id, []).append(agent)
             else:
-                self._answer(agent, wire.verdict(req_id, result))
+                answer = wire.verdict(req_id, result)
+                self._answer(agent, answer)
         if not known:
-            self._unrecognized(req_id, None)
+            self._unrecognized(req_id, None, answer)
         elif isinstance(result, Release):
             self._released(result, done)
         elif isinstance(result, LateTransfer):
             self._stat("lp_late_reads")
-            self._unrecognized(req_id, result.ended)
+            self._unrecognized(req_id, result.ended, answer)
 
-    def _unrecognized(self, req_id: str, ended: ReleaseReason | None) -> None:
+    def _unrecognized(
+        self, req_id: str, ended: ReleaseReason | None, answer: wire.Message | None
+    ) -> None:
+        """A transfer-done for a lease that is not live: what happened, and what
+        the decoder does about it (rate-limited)."""
         self.xfer_stats.record_notification_after_expiry()
-        how = "unrecognized" if ended is None else f"{ended.value}"
-        self._drops().drop(
-            "transfer-done after the lease ended",
-            f"potentially invalid KV blocks for {how} request {req_id} were retrieved by a "
-            "decode worker after its lease ended",
-        )
+        how = "no lease known" if ended is None else f"lease {ended.value}"
+        if isinstance(answer, wire.Nack):  # D discards the read: nothing invalid is used
+            self._notes().drop(
+                "late transfer-done",
+                f"request {req_id} ({how}): answered NK:{answer.reason}; the decode worker "
+                "does not use what it read and recomputes it (kv_load_failure_policy)",
+                level=logging.INFO,
+            )
+        else:
+            self._notes().drop(
+                "late transfer-done",
+                f"request {req_id} ({how}): potentially invalid KV blocks were read by a decode "
+                "worker that takes no verdicts (stock vLLM); it may use them",
+            )
 
     def _released(self, release: Release, done: set[str]) -> None:
         getattr(self, "_reqs_to_process", set()).discard(release.req_id)
@@ -274,6 +348,7 @@ class NotificationHandling:
         for _, name in silent:
             self._remove_agent(name)
         if silent:
+            lp.trace.emit("forget", now=lp.now(), agents=[a for a, _ in silent])
             self._greeters().forget(a for a, _ in silent)
             self._stat("lp_decoders_forgotten", len(silent))
             logger.info("Forgot %d silent decode agent(s)", len(silent))

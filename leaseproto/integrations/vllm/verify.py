@@ -28,6 +28,7 @@ from leaseproto import wire
 __all__ = [
     "HELLO_PREFIX",
     "ReadVerifier",
+    "Settled",
     "VerifierStats",
     "agent_name",
     "decode_hello",
@@ -66,6 +67,17 @@ class VerifierStats:
     stale: int = 0  # READs that never completed within stale_after: forgotten, failed if seen
 
 
+@dataclass(frozen=True)
+class Settled:
+    """A READ the verifier reported: used (``ok``) or failed, and why."""
+
+    local_id: str
+    remote_id: str
+    agents: list[str]
+    ok: bool
+    how: str
+
+
 @dataclass
 class _Read:
     remote_id: str
@@ -74,6 +86,7 @@ class _Read:
     due: set[str] = field(default_factory=set)  # agents whose OK is still missing
     refused: bool = False
     completed_at: float | None = None
+    why: str = ""  # what refused it (for D's log)
 
 
 @dataclass
@@ -94,6 +107,8 @@ class ReadVerifier:
     _by_remote: dict[str, list[str]] = field(default_factory=dict)  # P's id -> local ids
     _forgotten: OrderedDict[str, None] = field(default_factory=OrderedDict)
     _silent: set[str] = field(default_factory=set)  # agents that left a verdict out
+    #: READs settled since :meth:`take_settled`
+    _settled: list[Settled] = field(default_factory=list)
 
     def expect(self, local_id: str, remote_id: str, agent: str, *, now: float) -> None:
         """The READ of ``remote_id`` (P's id) for ``local_id`` goes to P agent
@@ -133,6 +148,7 @@ class ReadVerifier:
         elif isinstance(msg, wire.Nack):
             for read in reads:  # one NK is enough: what was read is suspect
                 read.refused = True
+                read.why = read.why or f"NK:{msg.reason} from {sender}"
                 read.due.discard(sender)
         else:
             waiting = [r for r in reads if sender in r.due]
@@ -172,12 +188,16 @@ class ReadVerifier:
                 continue
             if ok:
                 self.stats.verified += 1
+                how = "verified"
+            elif ok is None:
+                self.stats.timed_out += 1
+                self._silent.update(read.due)
+                how = f"no verdict from {', '.join(sorted(read.due))} within {self.bound:g} s"
             else:
-                if ok is None:
-                    self.stats.timed_out += 1
-                    self._silent.update(read.due)
-                else:
-                    self.stats.refused += 1
+                self.stats.refused += 1
+                how = read.why or "refused"
+            self._settled.append(Settled(local, read.remote_id, sorted(read.agents), bool(ok), how))
+            if not ok:
                 out_failed.add(local)
             out_done.add(local)
             self._drop(local)
@@ -186,6 +206,11 @@ class ReadVerifier:
     def take_silent(self) -> set[str]:
         """Agents whose verdict a READ timed out waiting for, since the last call."""
         out, self._silent = self._silent, set()
+        return out
+
+    def take_settled(self) -> list[Settled]:
+        """READs settled (used or failed) since the last call."""
+        out, self._settled = self._settled, []
         return out
 
     def held(self) -> list[str]:

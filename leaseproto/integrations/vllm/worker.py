@@ -44,6 +44,7 @@ from .notifications import NotificationHandling
 from .scheduler import AUTH_ATTR, ENGINE_AUTH_ATTR, VERIFY_ATTR
 from .sealing import SealedNixl, announce, key_problem, load_key
 from .stats import LeaseprotoKVConnectorStats
+from .trace import TracedNixl, open_connector_trace
 from .verify import ReadVerifier, agent_name, encode_hello
 
 __all__ = ["LeaseprotoConnectorWorker"]
@@ -85,6 +86,17 @@ class LeaseprotoConnectorWorker(NotificationHandling, NixlPullConnectorWorker): 
         super().__init__(vllm_config, engine_id, kv_cache_config)
         self._lp.config = self._lp.table.config = config  # vLLM's __init__ set its own extension
         self.xfer_stats = LeaseprotoKVConnectorStats()
+        role = getattr(getattr(vllm_config, "kv_transfer_config", None), "kv_role", None)
+        self._lp.grant_kind = "turn" if role == "kv_consumer" else "prefill"  # D: turn 1's blocks
+        self._lp.trace = open_connector_trace(
+            _extra_of(self),
+            producer=role != "kv_consumer",
+            engine=engine_id,
+            rank=int(getattr(self, "tp_rank", 0)),
+            tp=int(getattr(self, "world_size", 1)),
+            agent=agent_name(getattr(self.__dict__.get("_lp_nixl"), "name", "")),
+            config=config,
+        )
 
     # -- state (also reachable on workers built with object.__new__, as vLLM's tests do) ---
     def _leases(self) -> WorkerLeases:
@@ -116,8 +128,21 @@ class LeaseprotoConnectorWorker(NotificationHandling, NixlPullConnectorWorker): 
         except KeyError:
             raise AttributeError("nixl_wrapper") from None
         key = self._cluster_key()
-        if key is None:
+        if key is not None:
+            raw = self._sealed(raw, key)
+        trace = self._leases().trace
+        if not trace.enabled:
             return raw
+        traced: TracedNixl | None = self.__dict__.get("_lp_traced")
+        if traced is None or traced.inner is not raw:
+            traced = self.__dict__["_lp_traced"] = TracedNixl(raw, trace)
+        return traced
+
+    @nixl_wrapper.setter
+    def nixl_wrapper(self, value: Any) -> None:
+        self.__dict__["_lp_nixl"] = value
+
+    def _sealed(self, raw: Any, key: ClusterKey) -> SealedNixl:
         sealed: SealedNixl | None = self.__dict__.get("_lp_sealed")
         if sealed is None or sealed.inner is not raw:
             sealed = self.__dict__["_lp_sealed"] = SealedNixl(
@@ -129,14 +154,16 @@ class LeaseprotoConnectorWorker(NotificationHandling, NixlPullConnectorWorker): 
             )
         return sealed
 
-    @nixl_wrapper.setter
-    def nixl_wrapper(self, value: Any) -> None:
-        self.__dict__["_lp_nixl"] = value
-
     def _auth(self) -> PeerAuth | None:
         """This agent's keyed connections (None without a key)."""
+        wrapper = self._sealed_wrapper()
+        return None if wrapper is None else wrapper.auth
+
+    def _sealed_wrapper(self) -> SealedNixl | None:
         wrapper = self.nixl_wrapper
-        return wrapper.auth if isinstance(wrapper, SealedNixl) else None
+        if isinstance(wrapper, TracedNixl):
+            wrapper = wrapper.inner
+        return wrapper if isinstance(wrapper, SealedNixl) else None
 
     def _defer_transfer_done(self, req_id: str, agent: str, msg: bytes) -> None:
         pending = self.__dict__.setdefault("_pending_recv_notifs", {})
@@ -176,6 +203,7 @@ class LeaseprotoConnectorWorker(NotificationHandling, NixlPullConnectorWorker): 
     # -- P: expiry --------------------------------------------------------------------------
     def _reap_expired_send_leases(self, done_sending: set[str]) -> None:
         lp = self._leases()
+        self._stat("lp_leases_granted", lp.take_granted())
         early: dict[str, list[str]] = self.__dict__.get("_lp_early", {})
         for release in lp.take_settled():
             for agent in early.pop(release.req_id, ()):
@@ -315,16 +343,21 @@ class LeaseprotoConnectorWorker(NotificationHandling, NixlPullConnectorWorker): 
             )
         if agent is not None:
             self._sent_to(agent)  # the transfer-done goes with the READ
-        wrapper = self.nixl_wrapper
-        if isinstance(wrapper, SealedNixl) and agent is not None:
+        wrapper = self._sealed_wrapper()
+        traced = self.nixl_wrapper if isinstance(self.nixl_wrapper, TracedNixl) else None
+        if wrapper is not None and agent is not None:
             wrapper.reading = (agent, req_id)  # the READ's transfer-done is sealed for it
+        if traced is not None:
+            traced.read_to = agent  # the READ's transfer-done is a trace's read event
         try:
             posted: bool = super()._read_blocks(
                 read_spec=read_spec, dst_engine_id=dst_engine_id, **kw
             )
         finally:
-            if isinstance(wrapper, SealedNixl):
+            if wrapper is not None:
                 wrapper.reading = None
+            if traced is not None:
+                traced.read_to = None
         if not posted:  # vLLM routed the request to failure reporting
             self._verifier().forget(req_id)
         return posted
@@ -371,6 +404,8 @@ class LeaseprotoConnectorWorker(NotificationHandling, NixlPullConnectorWorker): 
         verifier = self._verifier()
         before = (verifier.stats.refused, verifier.stats.timed_out, verifier.stats.verified)
         done, failed = verifier.settle(done, failed, now=self._leases().now())
+        for settled in verifier.take_settled():
+            self._read_settled(settled)
         for agent in verifier.take_silent():  # P may have forgotten us: greet again
             self._greeted().pop(agent, None)
         after = (verifier.stats.refused, verifier.stats.timed_out, verifier.stats.verified)
