@@ -40,8 +40,9 @@ from pathlib import Path
 from typing import Any
 
 from _common import machine, table
+from _reaper import die_with_parent, reap_group_on_exit
+from _vllm_traces import validate
 
-from leaseproto.checker.trace import check_files
 from leaseproto.integrations.vllm.tinymodel import WORDS, build_tiny_model
 
 LEASE = 12  # kv_lease_duration: heartbeat every 2 s, extension 8 s (vLLM's derivation)
@@ -155,6 +156,8 @@ class Server:
         self.proc = subprocess.Popen(
             cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True
         )
+        self.reaper = reap_group_on_exit(self.proc.pid)  # the group dies with this process
+        print(f"started {role} server pid {self.proc.pid}", flush=True)
 
     def wait_up(self, timeout: float = 600.0) -> None:
         end = time.monotonic() + timeout
@@ -177,6 +180,8 @@ class Server:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
+        self.reaper.terminate()  # it kills what is left of the group
+        self.reaper.wait()
 
 
 #: when each prefill's reply reached the router (time.monotonic()): P's scheduler stamps
@@ -337,58 +342,6 @@ def run_pair(name: str, model: Path, logs: Path, n: int, max_tokens: int) -> dic
     return rows
 
 
-def validate(traces: Path) -> dict[str, Any] | None:
-    """``leaseproto check-trace`` over the connector's traces of one pair (None: no trace)."""
-    files = sorted(traces.glob("*.jsonl")) if traces.is_dir() else []
-    if not files:
-        return None
-    report = check_files(files)
-    out = report.as_dict()
-    out["violation_list"] = [str(v) for v in report.violations[:20]]
-    out["grants"] = grant_leases(files)
-    print(
-        f"trace validation: {report.events} events, {len(report.violations)} violations "
-        f"({report.leases} leases, {report.uses} verified reads used; {len(files)} files)",
-        flush=True,
-    )
-    for v in report.violations[:5]:
-        print("  ", v, flush=True)
-    return out
-
-
-def grant_leases(files: list[Path]) -> dict[str, Any]:
-    """What P's grants say: the lease left at the worker's grant (vLLM's scheduler
-    stamps it earlier), and each expiry's time from its grant and last renewal."""
-    left: list[float] = []
-    expiries: list[dict[str, Any]] = []
-    for f in files:
-        if not f.name.startswith("prefill-"):
-            continue
-        for line in f.read_text().splitlines():
-            try:
-                e = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if e.get("ev") == "grant" and e.get("lease") is not None:
-                left.append(float(e["lease"]))
-            elif e.get("ev") == "release" and e.get("reason") == "expired":
-                last = e.get("last_renewal")
-                expiries.append(
-                    {
-                        "req": e["req"],
-                        "at": e["at"],
-                        "after_grant_s": round(e["at"] - e["granted_at"], 3),
-                        "after_last_renewal_s": None if last is None else round(e["at"] - last, 3),
-                    }
-                )
-    return {
-        "lease_left_at_grant_s": None
-        if not left
-        else {"min": round(min(left), 3), "max": round(max(left), 3), "n": len(left)},
-        "expiries": expiries,
-    }
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pairs", nargs="*", default=list(PAIRS), choices=list(PAIRS))
@@ -397,6 +350,7 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--workdir", type=Path)
     args = ap.parse_args()
+    die_with_parent()  # and each server with this process (_reaper)
 
     work = args.workdir or Path(tempfile.mkdtemp(prefix="vllm_pd-"))
     model = build_tiny_model(work / "tiny-qwen3")
