@@ -42,6 +42,7 @@ from typing import Any
 from _common import machine, table
 from _reaper import die_with_parent, reap_group_on_exit
 from _vllm_traces import validate
+from _vllm_turns import tokens, two_turns
 
 from leaseproto.integrations.vllm.tinymodel import WORDS, build_tiny_model
 
@@ -101,9 +102,12 @@ class Server:
         max_num_seqs: int,
         blocks: int,
         traces: Path | None = None,
+        bidirectional: bool = False,
     ) -> None:
         self.port = free_port()
         extra: dict[str, Any] = {"kv_lease_duration": LEASE}
+        if bidirectional:  # D keeps a finished turn's KV for P to read (vLLM's turn 2)
+            extra["bidirectional_kv_xfer"] = True
         if traces is not None and connector == "LeaseprotoConnector":
             extra["trace_dir"] = str(traces)  # check-trace validates the run
         cfg: dict[str, Any] = {
@@ -223,7 +227,9 @@ def route(p: Server, d: Server, text: str, max_tokens: int) -> str | None:
 SHAPE = {"kv_producer": ("0", 8, 32), "kv_consumer": ("1", 2, 256)}
 
 
-def server(model: Path, role: str, connector: str, log: Path, traces: Path) -> Server:
+def server(
+    model: Path, role: str, connector: str, log: Path, traces: Path, *, bidirectional: bool = False
+) -> Server:
     cpu, seqs, blocks = SHAPE[role]
     return Server(
         model=model,
@@ -234,6 +240,7 @@ def server(model: Path, role: str, connector: str, log: Path, traces: Path) -> S
         max_num_seqs=seqs,
         blocks=blocks,
         traces=traces,
+        bidirectional=bidirectional,
     )
 
 
@@ -342,6 +349,33 @@ def run_pair(name: str, model: Path, logs: Path, n: int, max_tokens: int) -> dic
     return rows
 
 
+def run_two_turns(name: str, model: Path, logs: Path, n: int, max_tokens: int) -> dict[str, Any]:
+    """``n`` two-turn conversations on a pair in bidirectional mode (:mod:`_vllm_turns`)."""
+    p_conn, d_conn = PAIRS[name]
+    tag = name.replace(" ", "_").replace("+", "") + "-2turn"
+    traces = logs / f"{tag}-traces"
+    p = server(model, "kv_producer", p_conn, logs / f"{tag}-P.log", traces, bidirectional=True)
+    d = server(model, "kv_consumer", d_conn, logs / f"{tag}-D.log", traces, bidirectional=True)
+    rows: list[dict[str, Any]] = []
+    try:
+        p.wait_up()
+        d.wait_up()
+        for i in range(n):
+            t1, t2 = tokens(p.port, prompt(i, 60)), tokens(p.port, prompt(100 + i, 20))
+            before = metrics(p.port)
+            row = two_turns(
+                post, p_port=p.port, d_port=d.port, turn1=t1, turn2=t2, max_tokens=max_tokens
+            )
+            after = metrics(p.port)
+            row["p_counters"] = {k: v - before.get(k, 0.0) for k, v in after.items() if v}
+            print(name, "two-turn", i, row, flush=True)
+            rows.append(row)
+    finally:
+        d.stop()
+        p.stop()
+    return {"conversations": rows, "trace": validate(traces)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pairs", nargs="*", default=list(PAIRS), choices=list(PAIRS))
@@ -349,8 +383,18 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=200)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--workdir", type=Path)
+    ap.add_argument(
+        "--two-turn", action="store_true", help="only two-turn conversations (bidirectional)"
+    )
     args = ap.parse_args()
     die_with_parent()  # and each server with this process (_reaper)
+    if args.two_turn:
+        work = args.workdir or Path(tempfile.mkdtemp(prefix="vllm_pd-"))
+        model = build_tiny_model(work / "tiny-qwen3")
+        turns = {n: run_two_turns(n, model, work, 2, args.max_tokens) for n in args.pairs}
+        if args.json:
+            args.json.write_text(json.dumps(turns, indent=1))
+        return
 
     work = args.workdir or Path(tempfile.mkdtemp(prefix="vllm_pd-"))
     model = build_tiny_model(work / "tiny-qwen3")
