@@ -133,6 +133,6 @@ def test_servers_die_with_the_test_process(tmp_path: Path) -> None:
         for g in groups:  # never leave them running, whatever failed above
             with contextlib.suppress(OSError):
                 os.killpg(g, signal.SIGKILL)
-        if stand_in.poll() is None:
+        with contextlib.suppress(OSError):  # the benchmark runs in the stand-in's group
             os.killpg(stand_in.pid, signal.SIGKILL)
-            stand_in.wait()
+        stand_in.wait()
