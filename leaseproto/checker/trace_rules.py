@@ -234,7 +234,7 @@ class PrefillReplay:
         lease = None if deadline is None else deadline - now
         logged = o.get("lease")
         if lease != logged and not (
-            rest is not None and lease is not None and abs(lease - rest) <= EPS
+            o.get("rebased") and rest is not None and lease is not None and abs(lease - rest) <= EPS
         ):
             self._fail("I5", e, f"logged lease {logged}, the table grants {lease}")
         if lease is not None and not o.get("rebased") and abs(lease - ttl) > EPS:
@@ -430,6 +430,8 @@ class PrefillReplay:
 
     def _out_send(self, e: Event, o: dict[str, Any]) -> None:
         to, data = str(o["to"]), e.data()
+        if _reader_sends(data):  # this process reads too (the vLLM connector's D): not the table's
+            return
         try:
             msg = wire.decode(data)
         except wire.MalformedMessage:
@@ -445,6 +447,18 @@ class PrefillReplay:
                 return
         if not self._match(("send", to, data)):
             self._fail("I13", e, f"sent {data!r} to {to}, which nothing P handled calls for")
+
+
+def _reader_sends(data: bytes) -> bool:
+    """What a reader sends (a hello, heartbeat, transfer-done or abort): never an
+    output of a grant table, so a process that also reads sends them (spec §2.8)."""
+    if data.startswith(HELLO):
+        return True
+    try:
+        msg = wire.decode(data)
+    except wire.MalformedMessage:
+        return False
+    return isinstance(msg, (wire.Heartbeat, wire.TransferDone, wire.Abort))
 
 
 def _reader_side(data: bytes) -> bool:
