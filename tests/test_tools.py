@@ -162,3 +162,40 @@ def test_the_report_counts_kills_by_kind(
     assert "checker: 4 (100.0%): 1 behaviour, 1 misuse, 1 crash, 1 timeout" in text
     assert mutation_layers.kind_of("checker", {"killed": False}) is None
     assert mutation_layers.kind_of("proofs", {"killed": True, "first": ""}) == "behaviour"
+
+
+def test_a_failed_test_is_classed_by_what_it_raised() -> None:
+    """The tests layer tells a failed assertion (wrong behaviour) from an exception
+    of the mutated code (a crash) and a refused call (misuse)."""
+    import hypothesis.errors
+    import mutation_layers
+    from leaseproto.core.errors import LocalProtocolError
+
+    kind = mutation_layers.failure_kind
+    assert kind(AssertionError("x")) == "behaviour"
+    with pytest.raises(BaseException) as info:
+        pytest.fail("DID NOT RAISE")
+    assert kind(info.value) == "behaviour"
+    assert kind(hypothesis.errors.Flaky("f")) == "behaviour"
+    assert kind(KeyError("released")) == "crash"
+    assert kind(TypeError("bad operand")) == "crash"
+    assert kind(LocalProtocolError("now went back")) == "misuse"
+    group = BaseExceptionGroup("two", [KeyError("k"), AssertionError("a")])
+    assert kind(group) == "behaviour"
+    assert kind(BaseExceptionGroup("one", [NameError("n")])) == "crash"
+
+
+def test_a_proof_that_fails_because_the_code_raised_is_a_crash() -> None:
+    import mutation_layers
+
+    raised = (
+        "ok   [table] L1  (3 ms)\nFAIL [loops] L14 renew real  (40 ms)\n"
+        "       renew real ('a',): the loop raised KeyError: 'a'\n"
+        "FAIL [loops] L14 renew ieee  (40 ms)\n"
+        "       expire_end raised NameError: name 'x' is not defined\nFAILED: 2 of 3\n"
+    )
+    assert mutation_layers.proofs_kind(raised) == "crash"
+    refuted = raised + "FAIL [lease] I2 preserved by renew  (5 ms)\n       I2: counterexample\n"
+    assert mutation_layers.proofs_kind(refuted) == "behaviour"
+    first = "FAIL [lease] I8  (5 ms)\n       z3 answered unknown (timeout): counted as FAIL\n"
+    assert mutation_layers.proofs_kind(first) == "behaviour"

@@ -12,8 +12,10 @@ CPU limit backs it up for a hang the interpreter cannot interrupt.
 # ruff: noqa: PLC0415  (the layers import what they test in the child, after the hook)
 from __future__ import annotations
 
+import contextlib
 import importlib.abc
 import importlib.util
+import io
 import json
 import linecache
 import os
@@ -155,6 +157,11 @@ def _run_tests(units: list[str] | None, record: dict[str, Any], limits: Limits |
             if limits is not None:
                 limits.disarm()
 
+        def pytest_exception_interact(self, node: Any, call: Any, report: Any) -> None:
+            if "kind" not in record and call.excinfo is not None:
+                record["kind"] = failure_kind(call.excinfo.value)
+                record["error"] = f"{type(call.excinfo.value).__name__}"
+
         def pytest_runtest_logreport(self, report: Any) -> None:
             if report.failed and "first" not in record:
                 record["first"] = report.nodeid
@@ -162,12 +169,32 @@ def _run_tests(units: list[str] | None, record: dict[str, Any], limits: Limits |
         def pytest_collectreport(self, report: Any) -> None:
             if report.failed and "first" not in record:
                 record["first"] = f"collect {report.nodeid}"
+                record["kind"] = "crash"  # the mutated module does not even import
 
     args = ["-x", "-q", "-p", "no:cacheprovider", "--rootdir", str(ROOT)]
     rc = pytest.main([*args, *(units if units is not None else TEST_FILES)], plugins=[First()])
     record["rc"] = int(rc)
-    record["kind"] = "behaviour"
+    record.setdefault("kind", "behaviour")
     return int(rc) != 0
+
+
+def failure_kind(exc: BaseException) -> str:
+    """How a failed test killed a mutant: ``behaviour`` when it failed an assertion (an
+    ``assert``, ``pytest.raises`` that saw nothing raised, ``pytest.fail``, a hypothesis
+    check), ``misuse`` when the core refused a call (a ``LeaseProtocolError`` the test
+    did not expect), ``crash`` for any other exception (the mutated code raised it).
+    A group (hypothesis' several failures) is behaviour if any member is."""
+    from _pytest.outcomes import OutcomeException
+    from hypothesis.errors import HypothesisException
+
+    from leaseproto.core.errors import LeaseProtocolError
+
+    if isinstance(exc, BaseExceptionGroup):
+        kinds = {failure_kind(e) for e in exc.exceptions}
+        return next(k for k in KINDS if k in kinds)
+    if isinstance(exc, (AssertionError, OutcomeException, HypothesisException)):
+        return "behaviour"
+    return "misuse" if isinstance(exc, LeaseProtocolError) else "crash"
 
 
 def _run_checker(units: list[str] | None, record: dict[str, Any], limits: Limits | None) -> bool:
@@ -194,10 +221,26 @@ def _run_proofs(units: list[str] | None, record: dict[str, Any], limits: Limits 
 
     if limits is not None:
         limits.arm("prove")
-    rc = main([])
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = main([])
     record["rc"] = rc
-    record["kind"] = "behaviour"  # a failed (or unknown) obligation; an exception is a crash
+    record["kind"] = proofs_kind(out.getvalue()) if rc else "behaviour"
     return rc != 0
+
+
+#: the reason a loop obligation (L14) gives when the loop raised on z3 terms
+_RAISED = re.compile(r"\braised \w+: ")
+
+
+def proofs_kind(output: str) -> str:
+    """How ``leaseproto prove`` killed a mutant, from its output: ``crash`` when every
+    failed obligation failed because the code it runs raised (L14's loops on z3 terms:
+    "the loop raised KeyError: ..."), else ``behaviour`` (a counterexample, unknown)."""
+    blocks = ("\n" + output).split("\nFAIL ")[1:]
+    if blocks and all(_RAISED.search(b.split("\n", 2)[1] if "\n" in b else "") for b in blocks):
+        return "crash"
+    return "behaviour"
 
 
 RUNNERS = {"tests": _run_tests, "checker": _run_checker, "proofs": _run_proofs}

@@ -284,7 +284,7 @@ def report(path: Path, markdown: bool = False) -> None:
         f"  checker + proofs alone by wrong behaviour (a violated invariant or a failed "
         f"obligation): {len(behaviour)} ({pct(len(behaviour), non_eq)})"
     )
-    for la in ("checker", "proofs"):
+    for la in LAYERS:
         n = sum(rows[k][la]["killed"] for k in rows)
         skipped = sum(bool(rows[k][la].get("skipped")) for k in rows)
         after = f"; not run on the {skipped} the checker killed" if skipped else ""
