@@ -189,8 +189,9 @@ def failure_kind(exc: BaseException) -> str:
 
     from leaseproto.core.errors import LeaseProtocolError
 
-    if isinstance(exc, BaseExceptionGroup):
-        kinds = {failure_kind(e) for e in exc.exceptions}
+    group = getattr(exc, "exceptions", None)  # a (Base)ExceptionGroup
+    if isinstance(group, tuple) and group:
+        kinds = {failure_kind(e) for e in group}
         return next(k for k in KINDS if k in kinds)
     if isinstance(exc, (AssertionError, OutcomeException, HypothesisException)):
         return "behaviour"
