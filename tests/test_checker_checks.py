@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from test_checker import NEW_CHECKS, mutate
 
-from leaseproto.checker import INVARIANTS, SCOPES, check
+from leaseproto.checker import INVARIANTS, SCOPES, Violation, check, invariants
 from leaseproto.checker.compaction import EagerQueue
 from leaseproto.checker.explore import CRASH, MISUSE, OK, VIOLATION
 from leaseproto.checker.scope import QUICK
@@ -21,6 +21,7 @@ from leaseproto.core import renewal, rules
 from leaseproto.core.deadlines import DeadlineQueue
 from leaseproto.core.errors import LocalProtocolError
 from leaseproto.core.table import LeaseTable
+from leaseproto.workers import verdicts
 
 # The renewal mutants change the loops the table runs (core/renewal.py): the
 # common loop of renew_ids and renew_capped for capped leases, and renew_ids'
@@ -121,6 +122,30 @@ CHECKS: dict[str, tuple[Any, Any, str]] = {
         QUICK["compaction"],
         "I4",
     ),
+    # the workers' own decisions (leaseproto/workers/verdicts.py), which the checker drives
+    "D takes one P rank's OK for every rank's (I13, take_verdict)": (
+        lambda mp: mutate(mp, verdicts, "take_verdict", "due.discard(sender)", "due.clear()"),
+        QUICK["ranks-n"],
+        "I13",
+    ),
+    "D takes an NK as an OK (I13, take_verdict)": (
+        lambda mp: mutate(
+            mp, verdicts, "take_verdict", "    if not ok:\n        return DISCARD\n", ""
+        ),
+        QUICK["small-pause"],
+        "I13",
+    ),
+    "P answers OK to every transfer-done (I13, the prefill worker's transfer_done)": (
+        lambda mp: mutate(
+            mp,
+            verdicts,
+            "transfer_done",
+            "return out, wire.verdict(msg.req_id, out)",
+            "return out, wire.Ok(msg.req_id)",
+        ),
+        QUICK["small"],
+        "I13",
+    ),
     "the offset's uncertainty does not age (I9, drift)": (
         lambda mp: mp.setattr(rules, "aged_uncertainty", lambda u, age, rho: u),
         QUICK["drift"],
@@ -161,6 +186,67 @@ def test_the_mutant_needs_the_new_scope(name: str, monkeypatch: pytest.MonkeyPat
     apply(monkeypatch)
     res = check(QUICK[WITHOUT[name]])
     assert res.ok, res.summary()
+
+
+def _check_use_of_reads_only(w: Any, r: str) -> None:
+    """``check_use`` before it required a read from every P rank: only the reads made."""
+    for (rr, d, p), held in w.reads.items():
+        if rr == r and not held:
+            raise Violation("I13", f"D used {r}'s KV read by {d} from {p} after its lease ended")
+
+
+def test_an_ok_from_one_rank_is_caught_only_by_the_check_of_every_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """D using a request once one P rank said OK (the worker's ``take_verdict``
+    clearing every owed verdict) is I13 by the check that each D rank read from
+    every P rank before the use; with only the reads made checked, it passes."""
+    apply, scope, _ = CHECKS["D takes one P rank's OK for every rank's (I13, take_verdict)"]
+    apply(monkeypatch)
+    monkeypatch.setattr(invariants, "check_use", _check_use_of_reads_only)
+    res = check(scope)
+    assert res.ok, res.summary()
+
+
+def test_the_checker_drives_the_workers_decisions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The world calls the workers' own functions (a spy counts the calls), and the
+    workers call them too: one implementation."""
+    import inspect
+
+    from leaseproto.workers import decode_follower, decode_reads, prefill_leases
+
+    calls: dict[str, int] = {}
+    for name in ("transfer_done", "take_verdict", "lease_lost_answers", "readers_per_p_rank"):
+        orig = getattr(verdicts, name)
+
+        def spy(*a: Any, _orig: Any = orig, _name: str = name, **kw: Any) -> Any:
+            calls[_name] = calls.get(_name, 0) + 1
+            return _orig(*a, **kw)
+
+        monkeypatch.setattr(verdicts, name, spy)
+    assert check(QUICK["small"]).ok
+    assert set(calls) == {
+        "transfer_done",
+        "take_verdict",
+        "lease_lost_answers",
+        "readers_per_p_rank",
+    }, calls
+    uses = {
+        prefill_leases: (
+            "verdicts.transfer_done",
+            "verdicts.lease_lost_answers",
+            "verdicts.answer",
+        ),
+        decode_reads: (
+            "verdicts.take_verdict",
+            "verdicts.readers_per_p_rank",
+            "verdicts.lease_lost_gives_up",
+        ),
+        decode_follower: ("verdicts.take_verdict",),
+    }
+    for module, names in uses.items():
+        src = inspect.getsource(module)
+        assert all(n + "(" in src for n in names), module.__name__
 
 
 def test_the_compaction_scope_compacts_under_live_leases(monkeypatch: pytest.MonkeyPatch) -> None:

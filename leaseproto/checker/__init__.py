@@ -7,8 +7,9 @@ reconnecting, and a network that delays, reorders, duplicates and loses within
 stated bounds. It executes :class:`~leaseproto.LeaseTable`,
 :class:`~leaseproto.HeartbeatTracker` and :mod:`~leaseproto.wire` themselves,
 deduplicates states by a canonical fingerprint, and reports the shortest trace
-to the first violated invariant, by its spec id. It imports only the core and
-the standard library.
+to the first violated invariant, by its spec id. It imports only the core, the
+workers' own verdict decisions (:mod:`leaseproto.workers.verdicts`, which import
+only the core) and the standard library.
 """
 
 from .explore import Result, check

@@ -122,7 +122,7 @@ def world_fingerprint(w: World_) -> bytes:
         tuple(sorted((r, _rel(at, now, h)) for r, at in w.first_grant.items())),
         tuple(sorted(w.phase.items())),
         tuple(sorted(w.reads.items())),
-        tuple(sorted(w.verdicts.items())),
+        tuple(sorted((k, tuple(sorted(v))) for k, v in w.due.items())),
         tuple((p, clock_fp(c, w, h)) for p, c in sorted(w.clocks.items())),
         tuple((p, _rel(t, now, h)) for p, t in sorted(w.hello.items())),
     )

@@ -1,10 +1,15 @@
 """The workers' glue around the core, as the checked world runs it.
 
-P's side (spec §8.2-8.4): each heartbeat renews, each lost id is answered
-``LL``; each transfer-done is answered with the verdict
-:func:`~leaseproto.core.wire.verdict` picks; each abort ends the lease or is
-staged. D's side (§7.3-7.4): a read is used only once every verdict is ``OK``;
-``NK`` discards it, ``LL`` gives up on a request not yet read.
+The decisions are the workers' own (:mod:`leaseproto.workers.verdicts`, which
+the prefill and decode workers call around their I/O): P's side (spec
+§8.2-8.4): each heartbeat renews, each lost id is answered ``LL``
+(``lease_lost_answers``); each transfer-done is answered with its verdict
+(``transfer_done``); each abort ends the lease or is staged. D's side
+(§7.3-7.4): each D rank's read waits for the verdict of every P rank
+(``take_verdict``), the request is used once every rank's are ``OK``; ``NK``
+discards it, ``LL`` gives up on a request none of whose reads started
+(``lease_lost_gives_up``). Here is only what the world adds: the ghosts and
+the checks of :mod:`.invariants` between the decisions.
 
 The clock handshake and the read gate (§8.7, I9) run in scopes with ``gate``:
 D sends P a hello, P answers with its clock reading (P's clock is D's plus
@@ -24,6 +29,7 @@ from typing import Any
 from ..core import wire
 from ..core.clock import ClockOffset
 from ..core.events import Release
+from ..workers import verdicts
 from . import invariants as inv
 from .ghosts import Msg, Violation
 
@@ -63,14 +69,13 @@ def at_p(w: World_, p: str, m: Msg) -> None:
             inst = w.live_inst(p, r)
             if inst is not None:
                 inst.renewed_at = w.now
-        for r in lost:
-            reason = wire.lease_lost(r, table.lost_reason(r, now=now))
-            w.send(p, w.D[0], wire.encode(reason)[0])
+        for ll in verdicts.lease_lost_answers(table, lost, now=now):
+            w.send(p, w.D[0], verdicts.answer(ll))
     elif isinstance(msg, wire.TransferDone):
         r = msg.req_id
         inst = w.live_inst(p, r)
         tomb = inv.tombstone_owed(w, p, r)
-        res = table.transfer_done(r, now=now, readers=msg.count)
+        res, verdict = verdicts.transfer_done(table, msg, now=now)
         if inst is not None:
             inst.tds += 1
             if inst.tds >= msg.count and r in table:
@@ -82,9 +87,8 @@ def at_p(w: World_, p: str, m: Msg) -> None:
             w.staged_mark.setdefault((p, r), table.stats.early_dropped)
         if isinstance(res, Release):
             w.released(p, r, res)
-        verdict = wire.verdict(r, res)
         inv.check_verdict(w, p, r, live=inst is not None, tomb=tomb, v=verdict)
-        w.send(p, src, wire.encode(verdict)[0])
+        w.send(p, src, verdicts.answer(verdict))
     elif isinstance(msg, wire.Abort):
         r = msg.req_id
         inst = w.live_inst(p, r)
@@ -114,15 +118,15 @@ def at_d(w: World_, d: str, m: Msg) -> None:
     if not w.d_alive or w.phase.get(r) != "tracked":
         return  # late: D is done with it
     if isinstance(msg, (wire.Ok, wire.Nack)):
-        w.verdicts[(r, d, p)] = "OK" if isinstance(msg, wire.Ok) else "NK"
-        if isinstance(msg, wire.Nack):
+        act = verdicts.take_verdict(w.due[(r, d)], p, ok=isinstance(msg, wire.Ok))
+        if act == verdicts.DISCARD:
             w.untrack(r, "failed")  # discard the read, recompute
-        elif all(w.verdicts.get((r, e, q)) == "OK" for e in w.D for q in w.P):
-            inv.check_use(w, r)
+        elif act == verdicts.USE and not any(w.due[(r, e)] for e in w.D):
+            inv.check_use(w, r)  # every rank's reads confirmed (followers hand over)
             w.untrack(r, "done")
     elif isinstance(msg, wire.LeaseLost):
         # advisory: never overrides a verdict; D fails over only before reading
-        if not any((r, e, p) in w.reads for e in w.D):
+        if verdicts.lease_lost_gives_up(reading=any(k[0] == r for k in w.reads)):
             w.untrack(r, "failed")
     else:
         raise Violation("wire", f"D received {msg!r}, which only D sends")

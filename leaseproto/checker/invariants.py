@@ -219,6 +219,10 @@ def check_verdict(
 
 
 def check_use(w: World_, r: str) -> None:
+    unread = [(d, p) for d in w.D for p in w.P if (r, d, p) not in w.reads]
+    if unread:  # an OK from some P ranks vouches for nothing read from the others
+        d, p = unread[0]
+        raise Violation("I13", f"D used {r}'s KV, which {d} had not read from {p}")
     for (rr, d, p), held in w.reads.items():
         if rr == r and not held:
             raise Violation("I13", f"D used {r}'s KV read by {d} from {p} after its lease ended")

@@ -20,6 +20,7 @@ from ..core.clock import ClockOffset
 from ..core.events import Release
 from ..core.table import LeaseTable
 from ..core.tracker import HeartbeatTracker
+from ..workers import verdicts
 from . import glue
 from . import invariants as inv
 from .clone import clone_table, clone_tracker
@@ -83,7 +84,8 @@ class World:
         #: D's view of each request: new | tracked | done | failed | aborted | crashed
         self.phase = dict.fromkeys(self.R, "new")
         self.reads: dict[tuple[str, str, str], bool] = {}  # (r, d, p) -> blocks live at the read
-        self.verdicts: dict[tuple[str, str, str], str] = {}
+        #: per (request, D rank): the P ranks whose verdict its reads still wait for
+        self.due: dict[tuple[str, str], set[str]] = {}
         #: D's clock samples of each P engine (scopes with ``gate``), and when it sent its hello
         self.clocks: dict[str, ClockOffset] = {}
         self.hello: dict[str, int] = {}
@@ -119,7 +121,7 @@ class World:
         new.first_grant = dict(self.first_grant)
         new.phase = dict(self.phase)
         new.reads = dict(self.reads)
-        new.verdicts = dict(self.verdicts)
+        new.due = {k: set(v) for k, v in self.due.items()}
         new.clocks = {p: copy.copy(c) for p, c in self.clocks.items()}
         new.hello = dict(self.hello)
         return new
@@ -296,7 +298,7 @@ class World:
         lossless = table.stats.early_dropped == dropped
         if aborted and inst.live and lossless:
             raise Violation("I2", f"{r} on {p}: D's abort, staged before the grant, was ignored")
-        if inst.tds >= len(self.D) and inst.live and lossless:
+        if inst.tds >= self.readers() and inst.live and lossless:
             raise Violation(
                 "I10", f"{r} on {p}: {inst.tds} staged transfer-dones did not complete it"
             )
@@ -353,6 +355,8 @@ class World:
 
     def untrack(self, r: str, phase: str) -> None:
         self.phase[r] = phase
+        for d in self.D:
+            self.due.pop((r, d), None)
         for p in self.P:
             self.tracker.untrack(f"{r}@{p}")
 
@@ -365,6 +369,8 @@ class World:
 
     def _do_route(self, r: str) -> None:
         self.phase[r] = "tracked"
+        for d in self.D:
+            self.due[(r, d)] = set(self.P)
         for p in self.P:
             self.tracker.track(f"{r}@{p}", engine_id=p, remote_req_id=r, now=float(self.now))
 
@@ -385,7 +391,11 @@ class World:
             glue.check_gated_read(self, r, p)
         held = r in self.tables[p] or not self.inst.get((p, r))
         self.reads[(r, d, p)] = held
-        self.send(d, p, wire.encode_transfer_done(r, len(self.D)))
+        self.send(d, p, wire.encode_transfer_done(r, self.readers()))
+
+    def readers(self) -> int:
+        """The ``n`` each D rank's transfer-done names (the decode worker's fan-out)."""
+        return verdicts.readers_per_p_rank(len(self.D), len(self.P))
 
     def _do_hello(self, p: str) -> None:
         """D's first contact with P: a clock sample request (§8.7's handshake)."""
@@ -401,6 +411,7 @@ class World:
         self.d_alive = False
         self.tracker = HeartbeatTracker(self.cfg)
         self.last_hb = {}
+        self.due = {}  # D's memory of its reads is gone
         for r, ph in self.phase.items():
             if ph in ("new", "tracked"):
                 self.phase[r] = "crashed"

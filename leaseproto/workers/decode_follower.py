@@ -29,6 +29,7 @@ import zmq
 
 from ..adapters.xfer import Transfer
 from ..core import wire
+from . import verdicts
 from .backend import KVBackend
 from .decode_state import DecodeOptions, Req, hello, verdict_wait
 from .keys import CurveKeys, curve
@@ -377,10 +378,11 @@ class DecodeFollower(EngineLoop):
                 self.acked.add(sender)
             return
         rd = next((r for r in self.reads.values() if r.remote == _msg_id(msg)), None)
-        if isinstance(msg, (wire.Ok, wire.Nack)) and rd is not None and sender in rd.verdicts_due:
-            if isinstance(msg, wire.Ok):
-                rd.verdicts_due.discard(sender)
-            else:
+        act = verdicts.IGNORE
+        if isinstance(msg, (wire.Ok, wire.Nack)) and rd is not None:
+            act = verdicts.take_verdict(rd.verdicts_due, sender, ok=isinstance(msg, wire.Ok))
+        if rd is not None and act != verdicts.IGNORE:
+            if act == verdicts.DISCARD and isinstance(msg, wire.Nack):
                 self.counts["nacks"] += 1
                 self.metrics.nacks.inc()
                 rd.error = f"NK ({msg.reason}) from {sender}: the lease had ended"

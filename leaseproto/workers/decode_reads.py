@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING
 
 from ..adapters.kv_pool import LayoutError
 from ..core import wire
+from . import verdicts
 from .decode_follower import Followers
 from .decode_state import PAgent, Req, hello, verdict_wait
 from .decode_view import DecodeView
@@ -182,7 +183,7 @@ class DecodeReads(DecodeView):
         req.read_started = self._clock()
         # vLLM's n: how many D ranks notify each P rank (the lease's readers)
         notif = wire.encode_transfer_done(
-            req.remote_req_id, max(1, self.opts.tp // max(1, len(req.ranks)))
+            req.remote_req_id, verdicts.readers_per_p_rank(self.opts.tp, len(req.ranks))
         )
         try:
             plan = self.backend.read_plan(req.ranks, req.blocks, req.num_tokens)
@@ -289,13 +290,15 @@ class DecodeReads(DecodeView):
         req = self.by_remote.get(msg.req_id)
         if req is not None and self._foreign(req, sender, type(msg).__name__):
             return
-        if req is None or req.done or sender not in req.verdicts_due:
+        act = verdicts.IGNORE
+        if req is not None and not req.done:
+            act = verdicts.take_verdict(req.verdicts_due, sender, ok=isinstance(msg, wire.Ok))
+        if req is None or act == verdicts.IGNORE:
             if isinstance(msg, wire.Nack):
                 self._nack(msg.req_id, msg.reason, sender)  # logged and counted there
             return
-        if isinstance(msg, wire.Ok):
-            req.verdicts_due.discard(sender)
-            self._maybe_use(req)
+        if act != verdicts.DISCARD or not isinstance(msg, wire.Nack):
+            self._maybe_use(req)  # an OK: used once every verdict is in
             return
         self.counts["verdicts_nk"] += 1
         self.counts["nacks"] += 1
@@ -318,7 +321,12 @@ class DecodeReads(DecodeView):
         self.counts["lease_lost"] += 1
         self.counts["nacks"] += 1
         self.metrics.nacks.inc()
-        if req is None or req.done or req.state != "waiting" or not req.needs_remote_kv:
+        if (
+            req is None
+            or req.done
+            or not req.needs_remote_kv
+            or not verdicts.lease_lost_gives_up(reading=req.state != "waiting")
+        ):
             log.debug("LL (%s) from %s for req %s: ignored", reason, sender, remote_req_id)
             return
         self.notes.drop(

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from ..core import wire
 from ..core.events import LateTransfer, Release, ReleaseReason, TransferCounted
 from ..core.table import LeaseTable
+from . import verdicts
 from .metrics import PrefillMetrics
 from .notifications import DropLog, Inbox, NotificationGate
 from .trace import text
@@ -151,7 +152,7 @@ class PrefillLeases:
         )
 
     def _transfer_done(self, sender: str, msg: wire.TransferDone, now: float) -> None:
-        out = self.table.transfer_done(msg.req_id, now=now, readers=msg.count)
+        out, verdict = verdicts.transfer_done(self.table, msg, now=now)
         if isinstance(out, Release):
             self._release(out)
         elif isinstance(out, LateTransfer):
@@ -168,11 +169,9 @@ class PrefillLeases:
         elif isinstance(out, TransferCounted):
             log.debug("req %s: transfer-done %d of %d", out.req_id, out.done, out.readers)
         if sender in self.verdict_readers:
-            verdict = wire.verdict(msg.req_id, out)
-            if isinstance(verdict, wire.Ok):
-                self._send(sender, wire.encode_ok(msg.req_id), "ok")
-            else:
-                self._send(sender, wire.encode_nack(msg.req_id, verdict.reason), "nk")
+            self._send(
+                sender, verdicts.answer(verdict), "ok" if isinstance(verdict, wire.Ok) else "nk"
+            )
 
     def _heartbeat(
         self, sender: str, msg: wire.Heartbeat, now: float, refused: Sequence[str]
@@ -243,15 +242,13 @@ class PrefillLeases:
             self._log_renewals(ids, sender, now)
         if sender not in self.verdict_readers:
             return
-        for rid in lost:  # advisory: D has not read these yet and may give up now
-            reason = self.table.lost_reason(rid, now=now)
+        for ll in verdicts.lease_lost_answers(self.table, lost, now=now):
+            # advisory: D has not read these yet and may give up now
             self.notes.drop(
                 "heartbeat naming a lease that is gone",
-                f"from {sender}: req {rid} ({'unknown' if reason is None else reason.value}): "
-                "answering LL",
+                f"from {sender}: req {ll.req_id} ({ll.reason}): answering LL",
             )
-            ll = wire.lease_lost(rid, reason)
-            self._send(sender, wire.encode_lease_lost(rid, ll.reason), "ll")
+            self._send(sender, verdicts.answer(ll), "ll")
 
     def _log_renewals(self, ids: Sequence[str], sender: str, now: float) -> None:
         """One DEBUG line per id a heartbeat named: renewed until when, or why not."""
