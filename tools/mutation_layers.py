@@ -174,7 +174,8 @@ def _run_tests(units: list[str] | None, record: dict[str, Any], limits: Limits |
     args = ["-x", "-q", "-p", "no:cacheprovider", "--rootdir", str(ROOT)]
     rc = pytest.main([*args, *(units if units is not None else TEST_FILES)], plugins=[First()])
     record["rc"] = int(rc)
-    record.setdefault("kind", "behaviour")
+    if rc:
+        record.setdefault("kind", "behaviour")
     return int(rc) != 0
 
 
@@ -226,7 +227,8 @@ def _run_proofs(units: list[str] | None, record: dict[str, Any], limits: Limits 
     with contextlib.redirect_stdout(out):
         rc = main([])
     record["rc"] = rc
-    record["kind"] = proofs_kind(out.getvalue()) if rc else "behaviour"
+    if rc:
+        record["kind"] = proofs_kind(out.getvalue())
     return rc != 0
 
 
