@@ -316,6 +316,9 @@ def test_the_checker_imports_only_the_core_and_the_standard_library() -> None:
                 mod = node.module or ""
                 if node.level == 1:
                     continue  # a sibling in leaseproto.checker
+                if node.level == 2 and mod == "workers":  # the workers' pure decisions
+                    assert [a.name for a in node.names] == ["verdicts"], path.name
+                    continue
                 if node.level == 2:
                     assert mod.startswith("core"), f"{path.name} imports ..{mod}"
                     continue
@@ -323,3 +326,15 @@ def test_the_checker_imports_only_the_core_and_the_standard_library() -> None:
             elif isinstance(node, ast.Import):
                 for alias in node.names:
                     assert alias.name.split(".")[0] in allowed_roots, (path.name, alias.name)
+    # ... and those import only the core and the standard library
+    verdicts = pathlib.Path(pkg.__file__).parent.parent / "workers" / "verdicts.py"
+    for node in ast.walk(ast.parse(verdicts.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            assert node.level == 2 and (node.module or "").startswith("core"), node.module
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = (
+                [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else [a.name for a in node.names]
+            )
+            assert all(n.split(".")[0] in allowed_roots for n in names), names
