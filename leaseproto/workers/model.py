@@ -22,24 +22,41 @@ Interface (stable; the workers are built on it)::
       .config -> ModelConfig
       .make_pool(num_blocks, block_size, *, head_start=0, num_heads=None,
                  dtype=torch.float32, device="auto") -> KVPool
-      .prefill(tokens, pool, block_ids) -> int
+      .prefill(tokens, pool, block_ids, *, prefix=(), cached=0) -> int
           run the prompt, write K/V of the heads ``pool`` holds into
           ``block_ids`` (position i -> block i // block_size, slot
           i % block_size), return the first generated token
-      .decode(pool, block_ids, num_tokens, first_token, max_new_tokens) -> list[int]
+      .decode(pool, block_ids, num_tokens, first_token, max_new_tokens,
+              *, keep=False) -> list[int]
       .decode_shards([(pool, block_ids), ...], num_tokens, first_token,
-                     max_new_tokens) -> list[int]    # pools that together hold every head
+                     max_new_tokens, *, keep=False) -> list[int]
+          # pools that together hold every head
       .reference(prompt, max_new_tokens, kv_dtype=torch.float32) -> list[int]
 
 ``decode`` and ``reference`` return ``max_new_tokens`` tokens, the first of
 which is ``first_token`` (what ``prefill`` returned). ``decode`` reads the
-prompt's K/V from the blocks once and keeps the new tokens' K/V to itself; it
-does not write to the pool.
+prompt's K/V from the blocks once; with ``keep=True`` it also writes the new
+tokens' K/V (every generated token but the last, whose K/V is never computed)
+into the blocks after the prompt's, so the blocks then hold the whole turn
+(``num_tokens + max_new_tokens - 1`` positions: a cached prefix). Without it
+(the default) it does not write to the pool.
+
+A cached prefix (multi-turn): ``prefill(tokens, pool, block_ids,
+prefix=[(pool, block_ids), ...], cached=n)`` takes the K/V of ``tokens[:n]``
+from the prefix shards (every head, e.g. read from the decoder that cached
+the last turn), runs only ``tokens[n:]`` on top of it, and writes the heads
+``pool`` holds of *all* ``len(tokens)`` positions into ``block_ids``.
 
 Determinism: float32 compute, ``torch.set_num_threads(threads)`` in the
 constructor (``threads=None`` leaves it alone), and the paged and reference
 paths run the very same forward function on bitwise-equal K/V, so equal inputs
-give equal tokens on one device. A TP rank's ``prefill`` computes every head
+give equal tokens on one device. A conversation's later turn is the one
+exception: its prefix K/V were computed in pieces (turn 1's prompt in one
+pass, then one token per decode step, then the new tokens), the reference
+computes the whole prompt in one pass, and a matrix product over a different
+number of rows may round differently. Tokens still agree because rounding
+noise this small does not flip them (see above; ``tests/test_model.py``
+checks whole conversations against the reference). A TP rank's ``prefill`` computes every head
 (the model is tiny) and stores only its own, so its shard is exactly what a
 real TP rank would hold. K/V go through the pool's dtype; pass the same dtype
 to ``reference`` as ``kv_dtype`` when the pool is not float32.
@@ -175,7 +192,8 @@ class TinyDecoder:
 
     def _greedy(
         self, past: _KV, first_token: int, max_new_tokens: int, kv_dtype: torch.dtype
-    ) -> list[int]:
+    ) -> tuple[list[int], _KV]:
+        """The tokens, and the K/V of every position but the last token's."""
         out = [first_token]
         while len(out) < max_new_tokens:
             logits, new = self._forward([out[-1]], past, kv_dtype)
@@ -184,7 +202,7 @@ class TinyDecoder:
                 for (pk, pv), (nk, nv) in zip(past, new, strict=True)
             ]
             out.append(int(torch.argmax(logits).item()))
-        return out
+        return out, past
 
     # -- public paths ----------------------------------------------------------------
 
@@ -194,25 +212,58 @@ class TinyDecoder:
         """The tokens a single process produces without paging."""
         self._check_prompt(prompt, max_new_tokens)
         logits, kv = self._forward(prompt, [], kv_dtype)
-        return self._greedy(kv, int(torch.argmax(logits).item()), max_new_tokens, kv_dtype)
+        return self._greedy(kv, int(torch.argmax(logits).item()), max_new_tokens, kv_dtype)[0]
 
-    def prefill(self, tokens: Sequence[int], pool: KVPool, block_ids: Sequence[int]) -> int:
+    def prefill(
+        self,
+        tokens: Sequence[int],
+        pool: KVPool,
+        block_ids: Sequence[int],
+        *,
+        prefix: Sequence[tuple[KVPool, Sequence[int]]] = (),
+        cached: int = 0,
+    ) -> int:
         """Write the prompt's K/V (the heads ``pool`` holds) into ``block_ids``
-        and return the first generated token."""
+        and return the first generated token. ``cached``: the K/V of the first
+        ``cached`` tokens are taken from ``prefix`` (shards that tile every
+        head) and only the rest is run."""
         self._check_prompt(tokens, 1)
         self._check_pool(pool)
+        if not isinstance(cached, int) or isinstance(cached, bool):
+            raise ValueError(f"cached must be an int, got {cached!r}")
+        if not 0 <= cached < len(tokens):
+            raise ValueError(f"cached must be in 0..{len(tokens) - 1}, got {cached}")
         blocks = self._blocks_for(pool, block_ids, len(tokens))
-        logits, kv = self._forward(tokens, [], pool.dtype)
+        past = self._gather(prefix, cached)[0] if cached else []
+        logits, new = self._forward(tokens[cached:], past, pool.dtype)
+        kv = new
+        if past:
+            kv = [
+                (torch.cat([pk, nk], dim=1), torch.cat([pv, nv], dim=1))
+                for (pk, pv), (nk, nv) in zip(past, new, strict=True)
+            ]
+        self._store(pool, blocks, kv, 0)
+        return int(torch.argmax(logits).item())
+
+    def _store(self, pool: KVPool, blocks: Sequence[int], kv: _KV, start: int) -> None:
+        """Write the heads ``pool`` holds of ``kv`` (positions ``start``..) into
+        ``blocks`` (the blocks of positions 0.., already long enough)."""
         h0, h1 = pool.heads
-        n, bs = len(tokens), pool.block_size
-        padded = len(blocks) * bs
-        index = torch.tensor(blocks, dtype=torch.long, device=pool.device)
+        bs, n = pool.block_size, kv[0][0].shape[1]
+        first, last = start // bs, (start + n - 1) // bs
+        offset = start - first * bs  # slots of the first block already written
+        index = torch.tensor(list(blocks[first : last + 1]), dtype=torch.long, device=pool.device)
+        nb = last - first + 1
         for layer, (k, v) in enumerate(kv):
             for dst, src in ((pool.k(layer), k), (pool.v(layer), v)):
-                shard = F.pad(src[h0:h1], (0, 0, 0, padded - n))  # [Hs, nb*bs, D]
-                paged = shard.view(h1 - h0, len(blocks), bs, -1).transpose(0, 1)
-                dst[index] = paged.to(device=pool.device, dtype=pool.dtype)
-        return int(torch.argmax(logits).item())
+                new = src[h0:h1].to(device=pool.device, dtype=pool.dtype)
+                if offset == 0 and n == nb * bs:
+                    paged = new.view(h1 - h0, nb, bs, -1).transpose(0, 1)
+                else:  # keep what the first block already holds before ``start``
+                    flat = dst[index].transpose(0, 1).reshape(h1 - h0, nb * bs, -1)
+                    flat[:, offset : offset + n] = new
+                    paged = flat.view(h1 - h0, nb, bs, -1).transpose(0, 1)
+                dst[index] = paged
 
     def decode(
         self,
@@ -221,10 +272,16 @@ class TinyDecoder:
         num_tokens: int,
         first_token: int,
         max_new_tokens: int,
+        *,
+        keep: bool = False,
     ) -> list[int]:
         """Greedy-decode from a prompt whose K/V (``num_tokens`` positions) sit
-        in ``block_ids`` of ``pool``, which must hold every head."""
-        return self.decode_shards([(pool, block_ids)], num_tokens, first_token, max_new_tokens)
+        in ``block_ids`` of ``pool``, which must hold every head. ``keep``:
+        write the new tokens' K/V into the blocks too (they must hold
+        ``num_tokens + max_new_tokens - 1`` positions)."""
+        return self.decode_shards(
+            [(pool, block_ids)], num_tokens, first_token, max_new_tokens, keep=keep
+        )
 
     def decode_shards(
         self,
@@ -232,14 +289,33 @@ class TinyDecoder:
         num_tokens: int,
         first_token: int,
         max_new_tokens: int,
+        *,
+        keep: bool = False,
     ) -> list[int]:
         """:meth:`decode` from head shards: ``(pool, block_ids)`` pairs whose
         head ranges tile ``[0, num_heads)``."""
-        cfg = self.config
         if not isinstance(num_tokens, int) or isinstance(num_tokens, bool) or num_tokens < 1:
             raise ValueError(f"num_tokens must be an int >= 1, got {num_tokens!r}")
         # the prompt's tokens are not needed, only its length and the first token
         self._check_prompt([first_token], max_new_tokens, num_tokens)
+        if keep:  # the blocks must hold the whole turn before anything is computed
+            for pool, block_ids in shards:
+                self._blocks_for(pool, block_ids, num_tokens + max_new_tokens - 1)
+        past, dtype = self._gather(shards, num_tokens)
+        out, kv = self._greedy(past, first_token, max_new_tokens, dtype)
+        if keep and max_new_tokens > 1:
+            # the generated tokens but the last: the very K/V the greedy loop used
+            new = [(k[:, num_tokens:], v[:, num_tokens:]) for k, v in kv]
+            for pool, block_ids in shards:
+                self._store(pool, list(block_ids), new, num_tokens)
+        return out
+
+    def _gather(
+        self, shards: Sequence[tuple[KVPool, Sequence[int]]], num_tokens: int
+    ) -> tuple[_KV, torch.dtype]:
+        """The K/V of positions ``0..num_tokens-1`` from head shards that tile
+        every head, in float32 on the model's device; and their dtype."""
+        cfg = self.config
         ordered = sorted(shards, key=lambda s: s[0].head_start)
         covered = 0
         for pool, _ in ordered:
@@ -265,7 +341,7 @@ class TinyDecoder:
                     flat = paged.reshape(pool.num_heads, -1, cfg.head_dim)[:, :num_tokens]
                     parts[i].append(flat.to(device=self.device, dtype=torch.float32))
             past.append((torch.cat(parts[0]).contiguous(), torch.cat(parts[1]).contiguous()))
-        return self._greedy(past, first_token, max_new_tokens, dtype)
+        return past, dtype
 
     def make_pool(
         self,
