@@ -128,7 +128,9 @@ class FakeBackend:
     def prefill(self, prompt: Any, blocks: Any) -> int:
         return 7
 
-    def decode(self, blocks: Any, num_tokens: int, first: int, max_tokens: int) -> list[int]:
+    def decode(
+        self, blocks: Any, num_tokens: int, first: int, max_tokens: int, *, keep: bool = False
+    ) -> list[int]:
         return [first] * max_tokens
 
     def export_shard(self, blocks: Any, num_tokens: int) -> bytes:

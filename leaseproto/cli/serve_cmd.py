@@ -165,6 +165,15 @@ def register(sub: Any) -> None:
         default="prefill-engine",
         help="id shared by every rank of this prefill engine",
     )
+    pre.add_argument(
+        "--stall-after-prefix-read",
+        dest="prefix_stall",
+        type=non_negative_float,
+        default=0.0,
+        metavar="SECONDS",
+        help="fault injection (tests, demo): stall the whole loop this long right after "
+        "posting a prefix READ of D, i.e. after the read gate admitted it",
+    )
     dec = roles.add_parser("decode", help="a decode rank: queue, heartbeat, read KV, decode")
     _common(dec)
     dec.add_argument(
@@ -278,7 +287,13 @@ def _worker(args: argparse.Namespace) -> Any:
         from ..workers.prefill import PrefillOptions, PrefillWorker  # noqa: PLC0415
 
         return PrefillWorker(
-            PrefillOptions.from_args(args, config, metrics_port, engine_id=args.engine_id)
+            PrefillOptions.from_args(
+                args,
+                config,
+                metrics_port,
+                engine_id=args.engine_id,
+                prefix_stall=args.prefix_stall,
+            )
         )
     from ..workers.decode_state import DecodeOptions  # noqa: PLC0415
 

@@ -108,6 +108,12 @@ class KVBackend:
             repush_idle=2.0 * opts.config.heartbeat_interval if decode else None,
         )
         self.pool.register_with(self.endpoint)  # before anyone connects
+        #: a prefill rank's every-head pool for prefixes read from D (:mod:`.prefill_prefix`)
+        self.staging = self.model.make_pool(
+            opts.num_blocks if role == "prefill" else 1, opts.block_size, device=opts.device
+        )
+        if role == "prefill":
+            self.staging.register_with(self.endpoint)
         key = getattr(opts, "cluster_key", None)
         announce(f"{role} rank {opts.rank} ({agent_name})", key)
         #: the cluster key's connections (None: no key, nothing is sealed)
@@ -278,28 +284,53 @@ class KVBackend:
             "block_size": self.pool.block_size,
         }
 
-    def prefill(self, prompt: Sequence[int], blocks: Sequence[int]) -> int:
-        """Write this pool's heads of the prompt's K/V; the first generated token."""
-        return self.model.prefill(list(prompt), self.pool, blocks)
+    def prefill(
+        self,
+        prompt: Sequence[int],
+        blocks: Sequence[int],
+        *,
+        staged: Sequence[int] = (),
+        cached: int = 0,
+    ) -> int:
+        """Write this pool's heads of the prompt's K/V; the first generated
+        token. ``cached``: the first ``cached`` tokens' K/V are in ``staged``
+        blocks of the staging pool (a prefix read from D); only the rest runs."""
+        prefix = [(self.staging, staged)] if cached else []
+        return self.model.prefill(list(prompt), self.pool, blocks, prefix=prefix, cached=cached)
 
     def decode(
-        self, blocks: Sequence[int], num_tokens: int, first_token: int, max_tokens: int
+        self,
+        blocks: Sequence[int],
+        num_tokens: int,
+        first_token: int,
+        max_tokens: int,
+        *,
+        keep: bool = False,
     ) -> list[int]:
-        return self.model.decode(self.pool, blocks, num_tokens, first_token, max_tokens)
+        """``keep``: write the turn's new K/V into ``blocks`` too (a cached turn)."""
+        return self.model.decode(self.pool, blocks, num_tokens, first_token, max_tokens, keep=keep)
 
     # -- transfers ------------------------------------------------------------------------
     def read_plan(
-        self, ranks: Sequence[RankParams], blocks: Sequence[int], num_tokens: int
+        self,
+        ranks: Sequence[RankParams],
+        blocks: Sequence[int],
+        num_tokens: int,
+        *,
+        into: str = "pool",
     ) -> list[tuple[RankParams, XferDescs, XferDescs]]:
-        """For each P rank holding some of *this rank's* heads: the local and
-        remote descriptors of those heads of the prompt's blocks.
+        """For each remote rank holding some of *this rank's* heads: the local
+        and remote descriptors of those heads of the prompt's blocks.
+        ``into="staging"``: every head, into the staging pool (a prefix P reads
+        from D's ranks, whatever their TP).
 
         Raises:
             LayoutError: a P rank's layout is malformed or does not fit ours.
         """
-        local = self.pool.pool_layout
-        need = self.pool.blocks_needed(num_tokens)
-        mine = self.rank_heads
+        pool = self.staging if into == "staging" else self.pool
+        local = pool.pool_layout
+        need = pool.blocks_needed(num_tokens)
+        mine = pool.heads if into == "staging" else self.rank_heads
         out = []
         for rank in ranks:
             remote = PoolLayout.from_dict(rank.layout)
@@ -315,7 +346,7 @@ class KVBackend:
             out.append(
                 (
                     rank,
-                    self.pool.descs(list(blocks[:need]), (h0, h1)),
+                    pool.descs(list(blocks[:need]), (h0, h1)),
                     remote.descs(list(rank.block_ids[:need]), (h0, h1)),
                 )
             )

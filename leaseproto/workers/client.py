@@ -29,13 +29,23 @@ class RouterClient:
         self.results: dict[Any, Msg] = {}
         self.sent: dict[Any, float] = {}
 
-    def submit(self, req_id: str, prompt: Sequence[int], max_tokens: int) -> None:
+    def submit(
+        self,
+        req_id: str,
+        prompt: Sequence[int],
+        max_tokens: int,
+        *,
+        conversation: str | None = None,
+    ) -> None:
+        """``conversation``: this request is a turn of that conversation (its
+        prompt: the conversation so far plus the new tokens); D keeps the turn's
+        KV and the next turn reads it as its prefix."""
         self.sent[req_id] = time.monotonic()
-        self.sock.send(
-            encode(
-                {"op": "generate", "id": req_id, "prompt": list(prompt), "max_tokens": max_tokens}
-            )
-        )
+        msg: Msg = {"op": "generate", "id": req_id, "prompt": list(prompt)}
+        msg["max_tokens"] = max_tokens
+        if conversation is not None:
+            msg["conversation"] = conversation
+        self.sock.send(encode(msg))
 
     def poll(self, timeout: float = 0.0) -> list[Msg]:
         """Answers that arrived within ``timeout`` seconds (at least one wait)."""

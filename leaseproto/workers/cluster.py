@@ -55,6 +55,9 @@ class ClusterSpec:
     kv_lease_duration: float = 3.0
     heartbeat_interval: float | None = None
     lease_extension: float | None = None
+    #: D's cached-turn lease (conversations) and the prefix read gate's margin
+    decoder_kv_blocks_ttl: float | None = None
+    safety_margin: float | None = None
     policy: str = "lease"
     device: str = "cpu"
     p_blocks: int = 256
@@ -77,10 +80,14 @@ class ClusterSpec:
     @property
     def config(self) -> LeaseConfig:
         """The effective lease configuration every worker runs with."""
+        ttl, margin = self.decoder_kv_blocks_ttl, self.safety_margin
+        base = LeaseConfig(self.kv_lease_duration)
         return LeaseConfig(
             self.kv_lease_duration,
+            base.decoder_kv_blocks_ttl if ttl is None else ttl,
             heartbeat_interval=self.heartbeat_interval,
             lease_extension=self.lease_extension,
+            safety_margin=base.safety_margin if margin is None else margin,
         )
 
     def lease_args(self) -> list[str]:
@@ -89,6 +96,12 @@ class ClusterSpec:
             out += ["--heartbeat-interval", str(self.heartbeat_interval)]
         if self.lease_extension is not None:
             out += ["--lease-extension", str(self.lease_extension)]
+        for flag, value in (
+            ("--decoder-kv-blocks-ttl", self.decoder_kv_blocks_ttl),
+            ("--safety-margin", self.safety_margin),
+        ):
+            if value is not None:
+                out += [flag, str(value)]
         return out
 
 

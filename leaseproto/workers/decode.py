@@ -39,6 +39,7 @@ from .decode_follower import Followers
 from .decode_leases import DecodeLeases
 from .decode_reads import DecodeReads
 from .decode_state import DecodeOptions, Engine, PAgent, Req
+from .decode_turns import TurnGrants
 from .keys import curve, key_mismatch
 from .loop import IDLE_WAIT_S, PENDING_WAIT_S, EngineLoop
 from .metrics import DecodeMetrics, stats_dict
@@ -48,6 +49,17 @@ from .plane import Msg, Server
 __all__ = ["DecodeOptions", "DecodeWorker"]
 
 log = logging.getLogger("leaseproto.decode")
+
+
+#: What the decode worker counts (its ``stats``).
+# fmt: off
+_COUNTS = (
+    "completed", "recomputed", "failed", "nacks", "nack_after_answer", "malformed",
+    "heartbeats_sent", "engines_dropped", "late_first_heartbeats", "verified_reads",
+    "unverified_reads", "verdicts_nk", "verdict_timeouts", "verdict_wait_us", "lease_lost",
+    "foreign_verdicts", "contradicting_requests", "handshake_timeouts",
+)
+# fmt: on
 
 
 class DecodeWorker(DecodeReads, DecodeLeases, EngineLoop):
@@ -77,26 +89,7 @@ class DecodeWorker(DecodeReads, DecodeLeases, EngineLoop):
         self.engines: dict[str, Engine] = {}
         self.verdict_agents: dict[str, PAgent] = {}
         self.verdict_engines: set[str] = set()
-        self.counts = {
-            "completed": 0,
-            "recomputed": 0,
-            "failed": 0,
-            "nacks": 0,
-            "nack_after_answer": 0,
-            "malformed": 0,
-            "heartbeats_sent": 0,
-            "engines_dropped": 0,
-            "late_first_heartbeats": 0,
-            "verified_reads": 0,
-            "unverified_reads": 0,
-            "verdicts_nk": 0,
-            "verdict_timeouts": 0,
-            "verdict_wait_us": 0,
-            "lease_lost": 0,
-            "foreign_verdicts": 0,
-            "contradicting_requests": 0,
-            "handshake_timeouts": 0,
-        }
+        self.counts = dict.fromkeys(_COUNTS, 0)
         self.drops = DropLog(log)
         self.notes = DropLog(log, prefix="", max_detail=480)
         self.gate = NotificationGate(
@@ -104,6 +97,8 @@ class DecodeWorker(DecodeReads, DecodeLeases, EngineLoop):
         )
         self._now = -math.inf
         self._lease_checked = {}
+        #: D as a grantor: cached turns under leases P reads (issue 18)
+        self.turns = TurnGrants(opts, self.backend, self.gate)
 
     def ready_info(self) -> dict[str, Any]:
         return {
@@ -287,7 +282,8 @@ class DecodeWorker(DecodeReads, DecodeLeases, EngineLoop):
                 return
             if req.needs_remote_kv and not self._ready_to_read(req):
                 continue  # its handshake is still running; let others go first
-            blocks = self.backend.alloc_for(req.num_tokens)
+            # a turn to cache keeps its generated tokens' K/V too (all but the last)
+            blocks = self.backend.alloc_for(req.num_tokens + req.cache_turn * (req.max_tokens - 1))
             if blocks is None:
                 return
             self.waiting.remove(req)
@@ -310,7 +306,11 @@ class DecodeWorker(DecodeReads, DecodeLeases, EngineLoop):
             if not req.tokens:
                 try:
                     req.tokens = self.backend.decode(
-                        req.blocks, req.num_tokens, req.start_token, req.max_tokens
+                        req.blocks,
+                        req.num_tokens,
+                        req.start_token,
+                        req.max_tokens,
+                        keep=req.cache_turn,
                     )
                 except (ValueError, IndexError, RuntimeError) as exc:  # never stop the loop
                     self.notes.drop(
@@ -333,6 +333,7 @@ class DecodeWorker(DecodeReads, DecodeLeases, EngineLoop):
             del self.running[req.req_id]
         elif req in self.waiting:
             self.waiting.remove(req)
+        cache = self.turns.keep(req) if ok and req.cache_turn else None
         self.backend.free(req.blocks)
         req.blocks = []
         req.done = True
@@ -350,6 +351,7 @@ class DecodeWorker(DecodeReads, DecodeLeases, EngineLoop):
                 "tokens": req.tokens if ok else [],
                 "error": error,
                 "recomputed": req.recompute,
+                **({"cache": cache} if cache is not None else {}),
             },
         )
 
@@ -367,6 +369,7 @@ class DecodeWorker(DecodeReads, DecodeLeases, EngineLoop):
             "pushes_refused": self.backend.endpoint.stats.pushes_refused,
             "names_refetched": self.backend.endpoint.stats.names_refetched,
             "tracker": stats_dict(self.tracker.stats),
+            **self.turns.stats(),
             **self.backend.auth_stats(),
         }
 
@@ -405,5 +408,6 @@ class DecodeWorker(DecodeReads, DecodeLeases, EngineLoop):
     def close(self) -> None:
         self.followers.close()
         self.server.close()
+        self.turns.close()
         self.backend.close()
         self.ctx.term()

@@ -14,6 +14,7 @@ import logging
 from ..core import wire
 from ..core.peer import first_contact
 from .decode_state import Engine, Req
+from .decode_turns import TurnGrants, for_grantor
 from .decode_view import DecodeView
 from .notifications import NotificationGate
 
@@ -28,6 +29,7 @@ class DecodeLeases(DecodeView):
     #: (P engine, its agents) -> why its lease settings do not fit ours, or None
     _lease_checked: dict[tuple[str, tuple[str, ...]], str | None]
     gate: NotificationGate
+    turns: TurnGrants
 
     def _kv_lost(self, req: Req, reason: str, *, abort: bool = False) -> None:
         raise NotImplementedError
@@ -60,8 +62,14 @@ class DecodeLeases(DecodeView):
             for engine_id, ids in due.items():
                 self._heartbeat(engine_id, ids)
         self._hellos()
+        mine: list[tuple[str, bytes]] = []  # what P says about its leases
+        granted: list[tuple[str, bytes]] = []  # acts for D's cached turns
         for sender, payload in self.gate.admit(self.backend.poll()):
+            (granted if for_grantor(payload) else mine).append((sender, payload))
+        for sender, payload in mine:
             self._notification(sender, payload)
+        if granted or len(self.turns.table) or self.turns.inbox:  # D holds cached turns
+            self.turns.grant_step(granted)
         self.drops.flush()
 
     def _heartbeat(self, engine_id: str, ids: list[str]) -> None:

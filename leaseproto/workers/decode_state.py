@@ -153,6 +153,8 @@ class Req:
     first_heartbeat_sent: bool = False
     #: when its KV reads started (D's clock)
     read_started: float = 0.0
+    #: keep the turn's KV under a lease when it finishes (a conversation's turn)
+    cache_turn: bool = False
 
     def first_heartbeat(self, now: float) -> float | None:
         """Note the first heartbeat for this request; how long after the
@@ -218,4 +220,5 @@ class Req:
             first_token=first,
             num_tokens=len(m.prompt),
             arrived=now,
+            cache_turn=m.cache_turn,
         )

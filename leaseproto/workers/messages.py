@@ -44,6 +44,8 @@ class Generate(msgspec.Struct, kw_only=True):
     id: Any = None
     prompt: TokenIds
     max_tokens: Positive = 8
+    #: a conversation id: D caches the turn, the next turn reads it as its prefix
+    conversation: Annotated[str, msgspec.Meta(min_length=1, max_length=256)] | None = None
 
 
 class Prefill(msgspec.Struct, kw_only=True):
@@ -55,6 +57,11 @@ class Prefill(msgspec.Struct, kw_only=True):
     #: the NIXL agents of every rank of the decode engine that will read it, when
     #: the router knows them: P binds the lease to exactly these (spec §10.2)
     readers: Annotated[list[Text], msgspec.Meta(max_length=1024)] | None = None
+    #: a conversation's later turn: where D cached the turn before (D's lease id
+    #: as ``remote_req_id``, its ranks, the lease left as a duration) ...
+    prefix: TransferParams | None = None
+    #: ... and how many of the prompt's first tokens it covers
+    cached: Index = 0
 
 
 class Abort(msgspec.Struct, kw_only=True):
@@ -123,6 +130,8 @@ class Decode(msgspec.Struct, kw_only=True):
     prompt: TokenIds
     max_tokens: Positive
     params: TransferParams
+    #: keep the turn's KV cached under a lease for the conversation's next turn
+    cache_turn: bool = False
 
 
 def parse(msg: object, kind: type[_T]) -> _T:

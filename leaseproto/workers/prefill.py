@@ -39,6 +39,7 @@ from .notifications import DropLog, Inbox, NotificationGate
 from .plane import BadMessage, Msg, Server
 from .prefill_binding import ReaderBinding
 from .prefill_leases import PrefillLeases
+from .prefill_prefix import PrefixReads
 
 __all__ = ["PrefillOptions", "PrefillWorker"]
 
@@ -51,6 +52,8 @@ _BATCH = 8
 @dataclass
 class PrefillOptions(RankOptions):
     engine_id: str = "prefill-engine"
+    #: fault injection: the loop stalls this long after posting a prefix READ
+    prefix_stall: float = 0.0
 
 
 @dataclass
@@ -101,6 +104,10 @@ class PrefillWorker(PrefillLeases, EngineLoop):
         self.forgotten_readers: OrderedDict[str, None] = OrderedDict()
         self.verdicts_sent = dict.fromkeys(("ok", "nk", "ll", "hello"), 0)
         self._now = -math.inf
+        #: P as a reader: turn-2 prefixes read from D's cached turns (I14, I16)
+        self.prefixes = PrefixReads(
+            self.backend, opts.config, p_tp=opts.tp, notes=self.notes, stall=opts.prefix_stall
+        )
         self.metrics.blocks_free.set(self.backend.num_free)
         #: our lease settings, as durations, in every transfer parameter set (lease policy)
         # (with a cluster key, its id: D seals what it sends us and refuses us without it)
@@ -156,11 +163,19 @@ class PrefillWorker(PrefillLeases, EngineLoop):
         # each P rank is read by every D rank that holds some of its heads
         consumers = max(1, m.d_tp // self.opts.tp)
         readers = tuple(m.readers or ())
+        if m.prefix is not None and m.cached and self.opts.policy == "lease":
+            if m.cached >= len(m.prompt):
+                raise BadMessage(f"a prefix of {m.cached} tokens leaves nothing to prefill")
+            try:
+                self.prefixes.track(m.req_id, m.prefix, m.cached, now=self._clock())
+            except ValueError as exc:
+                raise BadMessage(f"bad prefix: {exc}") from exc
         self.queue.append(_Queued(envelope, m.req_id, m.prompt, consumers, self._clock(), readers))
 
     def _abort(self, req_id: str) -> None:
         for q in [q for q in self.queue if q.req_id == req_id]:
             self.queue.remove(q)
+        self.prefixes.done(req_id)
         now = self._clock()
         rel = self.table.abort(req_id, now=now)
         self.backend.trace.emit("abort_req", now=now, req=req_id)
@@ -174,13 +189,25 @@ class PrefillWorker(PrefillLeases, EngineLoop):
             if not self.queue:
                 return
             q = self.queue[0]
+            prefix = self.prefixes.get(q.req_id)
+            if prefix is not None and not prefix.settled:
+                self.prefixes.start(prefix, now=self._clock())
+                if not prefix.settled:
+                    return  # its read of D, or D's verdict, is still to come
             blocks = self.backend.alloc_for(len(q.prompt))
             if blocks is None:
                 return  # wait for leases to end
             self.queue.popleft()
+            use = prefix is not None and prefix.state == "ok"
             try:
-                first = self.backend.prefill(q.prompt, blocks)
+                first = self.backend.prefill(
+                    q.prompt,
+                    blocks,
+                    staged=prefix.staging if prefix is not None and use else (),
+                    cached=prefix.num_tokens if prefix is not None and use else 0,
+                )
             except ValueError as exc:  # checked at intake; never let it stop the loop
+                self.prefixes.done(q.req_id)
                 self.backend.free(blocks)
                 self.notes.drop("prefill failed", f"req {q.req_id}: {exc}", level=logging.ERROR)
                 self.server.reply(
@@ -188,6 +215,7 @@ class PrefillWorker(PrefillLeases, EngineLoop):
                     {"op": "error", "req_id": q.req_id, "error": f"prefill failed: {exc}"},
                 )
                 continue
+            used = self.prefixes.done(q.req_id)
             now = self._clock()
             rel = self.table.grant(q.req_id, now=now, consumers=q.consumers)
             self.blocks[q.req_id] = blocks
@@ -240,6 +268,7 @@ class PrefillWorker(PrefillLeases, EngineLoop):
                     "layout": self.backend.layout(),
                     "lease_remaining": remaining,
                     "consumers": q.consumers,
+                    **({"prefix": used} if used is not None else {}),
                     # leaseproto/1: our lease settings, and we answer with verdicts
                     **self._advertised,
                 },
@@ -281,6 +310,7 @@ class PrefillWorker(PrefillLeases, EngineLoop):
             "agents_heard": len(self.binding.last_heard),
             "agents_forgotten": self.agents_forgotten,
             "table": stats_dict(self.table.stats),
+            **self.prefixes.stats(),
             **self.backend.auth_stats(),
         }
 
@@ -290,7 +320,8 @@ class PrefillWorker(PrefillLeases, EngineLoop):
         longest wait for request-plane traffic when there is nothing to do
         (default: short while a lease is live, see ``loop.PENDING_WAIT_S``)."""
         if wait_s is None:
-            wait_s = PENDING_WAIT_S if len(self.table) else IDLE_WAIT_S
+            busy = len(self.table) or len(self.prefixes)
+            wait_s = PENDING_WAIT_S if busy else IDLE_WAIT_S
         if wait_s > 0 and not self.inbox:
             self.server.sock.poll(max(1, round(wait_s * 1000)), zmq.POLLIN)
         while (got := self.server.recv()) is not None:
@@ -301,6 +332,12 @@ class PrefillWorker(PrefillLeases, EngineLoop):
             self.server.bad = 0
         self.compute()
         self.lease_step()
+        self.prefixes.step(now=self._clock())
+
+    def _reader_message(self, sender: str, msg: wire.Message) -> None:
+        """D's verdicts and ``LL`` on our reads of its cached turns."""
+        if not self.prefixes.verdict(sender, msg):
+            super()._reader_message(sender, msg)
 
     def describe(self) -> str:
         o = self.opts

@@ -302,8 +302,13 @@ class PrefillLeases:
             rel = self.table.abort(msg.req_id, now=now)
             if rel is not None:
                 self._release(rel)
-        else:  # OK, NK, LL are P -> D only
-            self._drop_malformed(f"a {type(msg).__name__} from {sender}: P never receives it")
+        else:  # OK, NK, LL: for the reader side of this process, if it has one
+            self._reader_message(sender, msg)
+
+    def _reader_message(self, sender: str, msg: wire.Message) -> None:
+        """A verdict or ``LL`` (grantor -> reader): a worker that also reads
+        leases of others (P reading D's cached turns) takes them here."""
+        self._drop_malformed(f"a {type(msg).__name__} from {sender}: a grantor never receives it")
 
     def _drop_malformed(self, why: str) -> None:
         self.malformed += 1
@@ -345,12 +350,16 @@ class PrefillLeases:
             )
 
     def lease_step(self) -> None:
+        self.grant_step(self.gate.admit(self.backend.poll()))
+
+    def grant_step(self, got: Sequence[tuple[str, bytes]]) -> None:
+        """Handle ``got`` (notifications for this grant table), then expire."""
         # Each notification is handled at the instant it was polled (P had
         # received it by then), senders served round-robin within a budget, and
         # nothing expires until every notification polled so far is handled:
         # a renewal that arrived in time always counts, whatever the burst.
         polled = self._clock()
-        self.inbox.add(self.gate.admit(self.backend.poll()), polled=polled)
+        self.inbox.add(list(got), polled=polled)
         for at, sender, payload in self.inbox.take(budget_s=_INBOX_BUDGET_S):
             self._now = max(self._now, at)
             self._notification(sender, payload, self._now)

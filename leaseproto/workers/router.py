@@ -34,7 +34,9 @@ import zmq
 
 from ..core import wire
 from ..core.mac import ClusterKey
+from .conversations import Conversations, prefix_summary
 from .keys import announce, curve
+from .limits import never_fits
 from .loop import EngineLoop
 from .messages import Generate, parse
 from .metrics import RouterMetrics
@@ -70,6 +72,7 @@ class _Pending:
     stage: str = "prefill"
     ranks: dict[int, Msg] = field(default_factory=dict)
     prefilled_at: float = 0.0
+    conversation: str | None = None
 
 
 class Router(EngineLoop):
@@ -93,6 +96,7 @@ class Router(EngineLoop):
         if opts.metrics_port is not None:
             self.metrics.serve(opts.host, opts.metrics_port)
         self._last_ping = -1e9
+        self.conversations = Conversations()
         self.notes = DropLog(log, prefix="")  # lines a client or worker can trigger
 
     # -- readiness ------------------------------------------------------------------------
@@ -178,12 +182,15 @@ class Router(EngineLoop):
                 },
             )
             return
-        self.pending[req_id] = _Pending(envelope, cid, req_id, prompt, max_tokens, now)
-        self.metrics.in_flight.set(len(self.pending))
-        p = self.pending[req_id]
+        conv = gen.conversation
+        p = _Pending(envelope, cid, req_id, prompt, max_tokens, now, conversation=conv)
+        self.pending[req_id] = p
         # the decode engine's NIXL agents: P binds the lease to them (spec §10.2)
         agents = self.info.get(-1, {}).get("agents")
-        readers = {"readers": agents} if isinstance(agents, list) and agents else {}
+        readers: Msg = {"readers": agents} if isinstance(agents, list) and agents else {}
+        self.metrics.in_flight.set(len(self.pending))
+        if conv is not None:  # a later turn reads the last one's KV from D
+            readers.update(self.conversations.prefix(conv, prompt, now=now))
         for i, peer in enumerate(self.prefill):
             # no d_tp: P grants before D is chosen; each reader's transfer-done
             # says how many D ranks read that P rank (its n)
@@ -193,26 +200,9 @@ class Router(EngineLoop):
                 return
 
     def _never_fits(self, prompt_len: int, max_tokens: int) -> str | None:
-        """Why no worker could ever schedule this request (from the limits each
-        reported in its ``pong``), or None: refused now rather than at the
-        request timeout."""
-        for name, info in [
-            *((f"prefill rank {i}", self.info[i]) for i in range(len(self.prefill))),
-            ("the decode engine", self.info[-1]),
-        ]:
-            limits = info.get("limits")
-            if not isinstance(limits, dict):
-                continue  # a worker that does not say: it refuses at its own intake
-            positions, blocks, size = (
-                limits.get(k) for k in ("max_positions", "num_blocks", "block_size")
-            )
-            if isinstance(positions, int) and prompt_len + max_tokens > positions:
-                return f"{prompt_len} + {max_tokens} tokens exceed {name}'s {positions} positions"
-            if isinstance(blocks, int) and isinstance(size, int) and size > 0:
-                need = -(-prompt_len // size)
-                if need > blocks:
-                    return f"a {prompt_len}-token prompt needs {need} blocks; {name} holds {blocks}"
-        return None
+        """Why no worker could ever schedule this request, or None."""
+        workers = [(f"prefill rank {i}", self.info[i]) for i in range(len(self.prefill))]
+        return never_fits([*workers, ("the decode engine", self.info[-1])], prompt_len, max_tokens)
 
     def _finish(
         self,
@@ -223,8 +213,12 @@ class Router(EngineLoop):
         tokens: Sequence[int] = (),
         error: str | None = None,
         recomputed: bool = False,
+        cache: object = None,
     ) -> None:
         self.pending.pop(p.req_id, None)
+        if p.conversation is not None:
+            self.conversations.remember(p.conversation, p.prompt, tokens, cache, now=now)
+        prefixes = [r["prefix"] for r in p.ranks.values() if isinstance(r.get("prefix"), dict)]
         self.server.reply(
             p.envelope,
             {
@@ -235,6 +229,7 @@ class Router(EngineLoop):
                 "tokens": list(tokens),
                 "error": error,
                 "recomputed": recomputed,
+                **({"prefix": prefix_summary(prefixes)} if prefixes else {}),
             },
         )
         self.metrics.requests.labels(outcome="ok" if ok else "error").inc()
@@ -286,6 +281,7 @@ class Router(EngineLoop):
                 "req_id": p.req_id,
                 "prompt": p.prompt,
                 "max_tokens": p.max_tokens,
+                "cache_turn": p.conversation is not None,
                 "params": {
                     "remote_req_id": p.req_id,
                     "engine_id": ranks[0]["engine_id"],
@@ -327,6 +323,7 @@ class Router(EngineLoop):
                 tokens=msg.get("tokens") or [],
                 error=msg.get("error"),
                 recomputed=bool(msg.get("recomputed")),
+                cache=msg.get("cache"),
             )
         else:
             self._finish(p, now, ok=False, error=f"decode failed: {msg.get('error', op)}")
@@ -391,7 +388,12 @@ class Router(EngineLoop):
         return {"role": "router", "ready": self.ready, "metrics_port": self.metrics.port}
 
     def stats(self) -> Msg:
-        return {"role": "router", "in_flight": len(self.pending)}
+        return {
+            "role": "router",
+            "in_flight": len(self.pending),
+            "conversations": len(self.conversations),
+            **self.conversations.counts,
+        }
 
     def describe(self) -> str:
         return (

@@ -1,0 +1,315 @@
+"""P as a reader: a turn-2 request's prefix, read from D's cached turn and used
+only after D's verdict (I14), with P heartbeating D while it waits (I16).
+
+A ``prefill`` request of a conversation's later turn names D's cached lease
+(:class:`~.messages.TransferParams`: D's lease id, engine, ranks, and the time
+left as a duration the router aged). From queue entry P heartbeats D for it
+(``HB:<D's id>``, batched per D engine, every ``heartbeat_interval``: the
+core's :class:`~leaseproto.core.tracker.HeartbeatTracker`, the same mechanism
+D uses towards P) and greets D's agents with ``HB:leaseproto/1`` (D answers
+``OK:leaseproto/1`` and from then on answers P's transfer-dones with
+verdicts). When the request reaches the head of P's queue:
+
+1. **gate** (I9, :class:`~leaseproto.core.clock.ClockOffset`): the duration is
+   anchored at P's receipt, its uncertainty grows with age (drift); a read
+   that could not finish ``safety_margin`` before the deadline is skipped;
+2. **read**: every head of the prefix's blocks from D into P's staging pool
+   (each P rank computes every head, :mod:`.model`), the transfer-done
+   ``<D's id>:<P tp>`` attached; heartbeats stop when it is done;
+3. **fence** (I14): the prefix is used only after ``OK`` from every D agent
+   read. ``NK``, an ``LL`` before the read, a failed READ, no verdict within
+   ``verdict_wait``, or the gate → the prefix is recomputed (counted by
+   reason, logged rate-limited, trace ``recompute``) and P prefills the whole
+   prompt; a prefix given up on before D answered is aborted on D (``AB:``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..adapters.kv_pool import LayoutError, PoolExhausted
+from ..adapters.xfer import Transfer
+from ..core import wire
+from ..core.clock import ClockOffset
+from ..core.config import LeaseConfig
+from ..core.errors import LocalProtocolError
+from ..core.tracker import HeartbeatTracker
+from .decode_state import hello, verdict_wait
+from .messages import RankParams, TransferParams
+from .notifications import DropLog
+
+if TYPE_CHECKING:
+    from .backend import KVBackend
+
+__all__ = ["Prefix", "PrefixReads"]
+
+log = logging.getLogger("leaseproto.prefill.prefix")
+
+#: Why a prefix was recomputed (the trace's ``recompute`` reasons).
+REASONS = ("nack", "timeout", "lost", "gate")
+
+
+@dataclass(eq=False)
+class Prefix:
+    """One turn-2 request's prefix, from P's queue entry to its use."""
+
+    req_id: str
+    lease_id: str
+    engine_id: str
+    ranks: list[RankParams]
+    num_tokens: int
+    #: local estimate of D's cached lease deadline: the duration anchored at
+    #: receipt, moved to ``sent + lease_extension`` by each heartbeat P sends (the
+    #: gate's optimistic view: a heartbeat D never handled ends in NK, not in use)
+    deadline: float
+    gate: ClockOffset
+    #: what a heartbeat extends D's lease to (D's advertised ``lease_extension``)
+    extension: float = 0.0
+    #: ``waiting`` -> ``reading`` -> ``verifying`` -> ``ok`` | ``lost``
+    state: str = "waiting"
+    reason: str = ""
+    staging: list[int] = field(default_factory=list)
+    transfers: list[Transfer] = field(default_factory=list)
+    verdicts_due: set[str] = field(default_factory=set)
+    ok_from: list[str] = field(default_factory=list)
+    verify_by: float = 0.0
+
+    @property
+    def agents(self) -> list[str]:
+        return [r.agent for r in self.ranks]
+
+    @property
+    def settled(self) -> bool:
+        return self.state in ("ok", "lost")
+
+
+class PrefixReads:
+    """The prefixes of one P rank's queued turn-2 requests."""
+
+    def __init__(
+        self,
+        backend: KVBackend,
+        config: LeaseConfig,
+        *,
+        p_tp: int,
+        notes: DropLog,
+        stall: float = 0.0,
+    ) -> None:
+        """``stall``: fault injection, the loop sleeps this long after posting
+        a prefix READ (P paused past D's deadline after the gate admitted it)."""
+        self.backend = backend
+        self.stall = stall
+        self.config = config
+        self.p_tp = p_tp
+        self.notes = notes
+        self.tracker = HeartbeatTracker(config)
+        self.by_req: dict[str, Prefix] = {}
+        self.by_lease: dict[str, Prefix] = {}
+        self.engines: dict[str, list[str]] = {}  # D engine -> its agents
+        #: D agents that answered our hello (they give verdicts)
+        self.greeted: set[str] = set()
+        self._hello_at: dict[str, float] = {}
+        self.counts = {"prefix_verified": 0, "prefix_heartbeats_sent": 0, "prefix_foreign": 0}
+        self.counts.update({f"prefix_recomputed_{r}": 0 for r in REASONS})
+
+    def __len__(self) -> int:
+        return len(self.by_req)
+
+    def get(self, req_id: str) -> Prefix | None:
+        return self.by_req.get(req_id)
+
+    # -- queue entry ----------------------------------------------------------------------
+    def track(self, req_id: str, params: TransferParams, cached: int, *, now: float) -> None:
+        """Start on ``req_id``'s prefix. Raises ``ValueError`` for parameters
+        that cannot describe one (the request is refused)."""
+        if not cached > 0 or not params.ranks:
+            raise ValueError(f"a prefix of {cached} tokens cannot be read")
+        wire.check_id(params.remote_req_id)
+        left = min(r.lease_remaining for r in params.ranks)
+        leases = [r.lease for r in params.ranks]
+        extension = min(
+            [self.config.lease_extension, *(x.lease_extension for x in leases if x is not None)]
+        )
+        gate = ClockOffset()
+        gate.add_sample(t0=now, remote_time=now, t1=now)  # a duration: our own clock
+        p = Prefix(
+            req_id,
+            params.remote_req_id,
+            params.engine_id,
+            list(params.ranks),
+            cached,
+            now + left,
+            gate,
+            extension=extension,
+        )
+        try:
+            self.tracker.track(req_id, engine_id=p.engine_id, remote_req_id=p.lease_id, now=now)
+        except LocalProtocolError as exc:
+            raise ValueError(str(exc)) from exc
+        for r in p.ranks:  # ValueError: NIXL refuses the address
+            if not self.backend.is_connected(r.agent):
+                self.backend.connect(r.agent, r.host, r.nixl_port, keyed=r.key_id is not None)
+        self.engines[p.engine_id] = p.agents
+        self.by_req[req_id] = p
+        self.by_lease[p.lease_id] = p
+
+    # -- each loop turn -------------------------------------------------------------------
+    def step(self, *, now: float) -> None:
+        due = self.tracker.due(now=now, pending=self._pending())
+        room = self.config.max_notification_bytes - self.backend.frame_overhead
+        for engine_id, ids in due.items():
+            for lease_id in ids:
+                p = self.by_lease.get(lease_id)
+                if p is not None:
+                    p.deadline = max(p.deadline, now + p.extension)
+            for agent in self.engines.get(engine_id, []):
+                for payload in self.tracker.payloads(ids, max_bytes=room):
+                    if self.backend.send(agent, payload):
+                        self.counts["prefix_heartbeats_sent"] += 1
+        for p in list(self.by_req.values()):
+            for agent in p.agents:  # greet until the agent answers (every H)
+                last = self._hello_at.get(agent, -math.inf)
+                if agent in self.greeted or now - last < self.config.heartbeat_interval:
+                    continue
+                if self.backend.ready(agent):
+                    self._hello_at[agent] = now
+                    self.backend.send(agent, hello())
+            if p.state == "reading":
+                self._progress(p, now)
+            elif p.state == "verifying" and p.verdicts_due and now >= p.verify_by:
+                self.lose(p, "timeout", f"no verdict within {verdict_wait(self.config):g} s")
+
+    def _pending(self) -> set[str]:
+        return {
+            e
+            for e, agents in self.engines.items()
+            if not all(self.backend.ready(a) for a in agents)
+        }
+
+    def start(self, p: Prefix, *, now: float) -> None:
+        """At the head of P's queue: gate, then the READ (or wait for the
+        handshake / staging blocks)."""
+        if p.state != "waiting":
+            return
+        margin = self.config.safety_margin
+        if not p.gate.read_allowed(p.deadline, now=now, margin=margin):
+            self.lose(p, "gate", f"{p.deadline - now:.2f} s left, margin {margin:g} s")
+            return
+        if not all(a in self.greeted for a in p.agents):
+            return  # the gate above gives up once waiting made the read hopeless
+        try:
+            p.staging = self.backend.staging.allocate(
+                self.backend.staging.blocks_needed(p.num_tokens)
+            )
+        except PoolExhausted:
+            return
+        try:
+            plan = self.backend.read_plan(p.ranks, p.staging, p.num_tokens, into="staging")
+        except (LayoutError, ValueError) as exc:
+            self.lose(p, "lost", f"unusable prefix parameters: {exc}")
+            return
+        notif = wire.encode_transfer_done(p.lease_id, self.p_tp)
+        for rank, local, remote in plan:
+            p.transfers.append(self.backend.read(rank.agent, local, remote, notif_msg=notif))
+            p.verdicts_due.add(rank.agent)
+        p.ok_from = sorted(p.verdicts_due)
+        p.state = "reading"
+        if self.stall > 0:
+            log.warning(
+                "req %s: stalling %g s after the prefix READ (injected)", p.req_id, self.stall
+            )
+            time.sleep(self.stall)
+
+    def _progress(self, p: Prefix, now: float) -> None:
+        states = [self.backend.transfer_state(x) for x in p.transfers]
+        failed = [x for x in p.transfers if x.state == "ERR"]
+        if failed:
+            self.lose(p, "lost", f"READ from {failed[0].peer} failed: {failed[0].error}")
+        elif all(s == "DONE" for s in states):
+            self._release_transfers(p)
+            self.tracker.untrack(p.req_id)  # read done: stop heartbeating
+            p.state = "verifying"
+            p.verify_by = now + verdict_wait(self.config)
+            self._maybe_use(p)
+
+    def _maybe_use(self, p: Prefix) -> None:
+        if p.state != "verifying" or p.verdicts_due:
+            return
+        p.state = "ok"
+        self.counts["prefix_verified"] += 1
+        self.backend.trace.emit(
+            "use", req=p.req_id, kind="prefix", remote=p.lease_id, ok_from=p.ok_from
+        )
+
+    def _release_transfers(self, p: Prefix) -> None:
+        for x in p.transfers:
+            self.backend.release(x)
+        p.transfers.clear()
+
+    def lose(self, p: Prefix, reason: str, why: str) -> None:
+        """Give up on ``p``'s prefix: it is recomputed (and D told, if it may
+        still hold the blocks)."""
+        if p.settled:
+            return
+        self._release_transfers(p)
+        self.tracker.untrack(p.req_id)
+        if reason != "nack":  # D may still hold the lease: let it free the blocks now
+            for agent in p.agents:
+                self.backend.send(agent, wire.encode_abort(p.lease_id))
+        self._free_staging(p)
+        p.state, p.reason = "lost", reason
+        self.counts[f"prefix_recomputed_{reason}"] += 1
+        self.backend.trace.emit("recompute", req=p.req_id, reason=reason, remote=p.lease_id)
+        self.notes.drop("prefix recomputed", f"req {p.req_id} ({reason}): {why}")
+
+    def _free_staging(self, p: Prefix) -> None:
+        if p.staging:
+            self.backend.staging.free(p.staging)
+            p.staging = []
+
+    def done(self, req_id: str) -> dict[str, Any] | None:
+        """Forget ``req_id``'s prefix (prefilled, refused or aborted); what the
+        reply says about it."""
+        p = self.by_req.pop(req_id, None)
+        if p is None:
+            return None
+        self.by_lease.pop(p.lease_id, None)
+        if not p.settled:
+            self.lose(p, "lost", "the request ended before its prefix was read")
+        self._free_staging(p)
+        return {"tokens": p.num_tokens, "verified": p.state == "ok", "recomputed": p.reason or None}
+
+    # -- what D says ----------------------------------------------------------------------
+    def verdict(self, sender: str, msg: wire.Message) -> bool:
+        """Take an ``OK``/``NK``/``LL`` from a D agent; False if it is none of ours."""
+        if isinstance(msg, wire.Ok) and msg.req_id == wire.CAPABILITY:
+            if sender not in self._hello_at:
+                return False
+            self.greeted.add(sender)
+            return True
+        if not isinstance(msg, (wire.Ok, wire.Nack, wire.LeaseLost)):
+            return False
+        p = self.by_lease.get(msg.req_id)
+        if p is None:
+            return False
+        if sender not in p.agents:
+            self.counts["prefix_foreign"] += 1
+            self.notes.drop("verdict from an agent the prefix is not read from", sender)
+            return True
+        if isinstance(msg, wire.Ok):
+            if sender in p.verdicts_due and p.state in ("reading", "verifying"):
+                p.verdicts_due.discard(sender)
+                self._maybe_use(p)
+        elif isinstance(msg, wire.Nack):
+            if p.state in ("reading", "verifying"):
+                self.lose(p, "nack", f"NK ({msg.reason}) from {sender}")
+        elif p.state == "waiting":  # LL is advisory: only a request not reading yet gives up
+            self.lose(p, "lost", f"LL ({msg.reason}) from {sender}")
+        return True
+
+    def stats(self) -> dict[str, Any]:
+        return {"prefixes_waiting": len(self.by_req), **self.counts}
