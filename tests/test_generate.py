@@ -224,3 +224,29 @@ def test_a_keyed_router_answers_only_with_its_key(
     short.write_text("x")
     assert main([*argv, "--cluster-key-file", str(short)]) == 2
     assert "cluster key file" in capsys.readouterr().err
+
+
+def test_a_conversation_sends_its_turns_in_order_with_the_conversation_so_far(
+    router: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--conversation``: each prompt is a turn's new tokens; turn 2 is sent
+    after turn 1's answer, as turn 1's prompt + its answer + the new tokens
+    (the stand-in D decodes a function of the whole prompt)."""
+    reqs = tmp_path / "turns.jsonl"
+    reqs.write_text('{"id": "x0", "prompt": [7], "conversation": "x"}\n')
+    argv = ["generate", "--router", router, "--conversation", "c", "--prompt", "1,2"]
+    status = main([*argv, "--prompt", "3", "--file", str(reqs), "--max-tokens", "4", "--json"])
+    out, err = capsys.readouterr()
+    assert status == 0, err
+    got = {a["id"]: a for a in map(json.loads, out.splitlines())}
+    assert got["p0"]["tokens"] == decoded([1, 2], 4)
+    assert got["p1"]["tokens"] == decoded([1, 2, *got["p0"]["tokens"], 3], 4)
+    assert got["x0"]["tokens"] == decoded([7], 4)
+    assert got["p1"]["conversation"] == "c" and got["x0"]["conversation"] == "x"
+
+
+def test_read_requests_conversation_field_is_checked() -> None:
+    ok = read_requests(['{"prompt": [1], "conversation": "c"}'], max_tokens=2, source="s")
+    assert ok[0].conversation == "c"
+    with pytest.raises(ValueError, match="conversation"):
+        read_requests(['{"prompt": [1], "conversation": 5}'], max_tokens=2, source="s")

@@ -6,6 +6,13 @@ a JSON-lines file (``--file``: ``{"prompt": [1, 2, 3], "max_tokens": 8, "id":
 "a"}``, ``id`` and ``max_tokens`` optional). Every request is sent at once
 (:class:`~leaseproto.workers.client.RouterClient`); each answer is printed as
 it arrives, as text or, with ``--json``, as one JSON object a line.
+
+Conversations (``--conversation ID`` for every ``--prompt``, or a line's
+``"conversation"`` field): a conversation's requests are its turns, sent one
+after another; each turn's prompt names only the *new* tokens, and generate
+sends the conversation so far (earlier prompts and answers) plus them, so D's
+cached turn is read as the prefix (the answer says whether it was verified or
+recomputed).
 """
 
 from __future__ import annotations
@@ -32,6 +39,8 @@ class Request:
     id: str
     prompt: list[int]
     max_tokens: int
+    #: a turn of this conversation: ``prompt`` is its new tokens
+    conversation: str | None = None
 
 
 def _token_ids(text: str) -> list[int]:
@@ -87,6 +96,13 @@ def register(sub: Any) -> None:
         metavar="N",
         help="tokens to decode per request (a --file line's max_tokens wins)",
     )
+    p.add_argument(
+        "--conversation",
+        default=None,
+        metavar="ID",
+        help="the --prompt requests are the turns of conversation ID, in order: each "
+        "prompt is a turn's new tokens (a --file line's conversation field does the same)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object per answer")
     p.add_argument(
         "--timeout",
@@ -139,7 +155,10 @@ def read_requests(lines: list[str], *, max_tokens: int, source: str) -> list[Req
         if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 1:
             raise ValueError(f"{where}: 'max_tokens' must be a whole number >= 1")
         rid = obj.get("id", f"f{n}")
-        out.append(Request(str(rid), prompt, tokens))
+        conv = obj.get("conversation")
+        if conv is not None and (not isinstance(conv, str) or not conv):
+            raise ValueError(f"{where}: 'conversation' must be a non-empty string")
+        out.append(Request(str(rid), prompt, tokens, conv))
     return out
 
 
@@ -149,7 +168,8 @@ def _requests(args: argparse.Namespace) -> list[Request]:
     Raises:
         ValueError: none at all, an unreadable or malformed file, an id twice.
     """
-    reqs = [Request(f"p{i}", ids, args.max_tokens) for i, ids in enumerate(args.prompt)]
+    conv = args.conversation
+    reqs = [Request(f"p{i}", ids, args.max_tokens, conv) for i, ids in enumerate(args.prompt)]
     if args.file is not None:
         try:
             text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text("utf-8")
@@ -200,12 +220,17 @@ def _show(msg: dict[str, Any], as_json: bool) -> str:
     latency = msg.get("_latency")
     if as_json:
         keys = ("id", "ok", "tokens", "error", "recomputed", "req_id")
-        return json.dumps({**{k: msg.get(k) for k in keys}, "seconds": latency})
+        extra = {k: msg[k] for k in ("conversation", "prefix") if k in msg}
+        return json.dumps({**{k: msg.get(k) for k in keys}, **extra, "seconds": latency})
     took = "" if latency is None else f" ({latency:.2f} s)"
     if not msg.get("ok"):
         return f"{msg.get('id')}: failed: {msg.get('error')}{took}"
     tokens = " ".join(str(t) for t in msg.get("tokens", []))
     again = " (KV recomputed on D)" if msg.get("recomputed") else ""
+    prefix = msg.get("prefix")
+    if isinstance(prefix, dict):
+        how = "verified" if prefix.get("verified") else f"recomputed {prefix.get('recomputed')}"
+        again += f" (prefix of {prefix.get('tokens')} tokens from D: {how})"
     return f"{msg.get('id')}: {tokens}{again}{took}"
 
 
@@ -227,14 +252,21 @@ def run(args: argparse.Namespace) -> int:
         return 1
     client = RouterClient(args.router, curve=keys)
     failed = 0
+    turns = _Turns(reqs)
     try:
-        for r in reqs:
-            client.submit(r.id, r.prompt, r.max_tokens)
+        for r in turns.first():
+            client.submit(r.id, r.prompt, r.max_tokens, conversation=r.conversation)
         deadline = time.monotonic() + args.timeout
         while len(client.results) < len(reqs) and time.monotonic() < deadline:
             for msg in client.poll(min(0.2, max(0.0, deadline - time.monotonic()))):
                 failed += not msg.get("ok")
+                nxt = turns.answered(msg)
+                if nxt is not None:
+                    msg["conversation"] = nxt[0]
                 print(_show(msg, args.json), flush=True)
+                if nxt is not None and nxt[1] is not None:
+                    r = nxt[1]
+                    client.submit(r.id, r.prompt, r.max_tokens, conversation=r.conversation)
     finally:
         client.close()
     missing = [r.id for r in reqs if r.id not in client.results]
@@ -245,3 +277,49 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 1 if failed or missing else 0
+
+
+class _Turns:
+    """Conversations' turns, sent one after another, each with the
+    conversation so far (earlier prompts and answers) before its new tokens."""
+
+    def __init__(self, reqs: list[Request]) -> None:
+        self.queues: dict[str, list[Request]] = {}
+        self.loose: list[Request] = []
+        for r in reqs:
+            if r.conversation is None:
+                self.loose.append(r)
+            else:
+                self.queues.setdefault(r.conversation, []).append(r)
+        self.so_far: dict[str, list[int]] = {conv: [] for conv in self.queues}
+        self.sent: dict[str, tuple[str, list[int]]] = {}  # request id -> (conversation, prompt)
+
+    def first(self) -> list[Request]:
+        out = list(self.loose)
+        for conv in self.queues:
+            nxt = self._next(conv)
+            if nxt is not None:
+                out.append(nxt)
+        return out
+
+    def _next(self, conv: str) -> Request | None:
+        queue = self.queues[conv]
+        if not queue:
+            return None
+        r = queue.pop(0)
+        prompt = [*self.so_far[conv], *r.prompt]
+        self.sent[r.id] = (conv, prompt)
+        return Request(r.id, prompt, r.max_tokens, conv)
+
+    def answered(self, msg: dict[str, Any]) -> tuple[str, Request | None] | None:
+        """The answer's conversation and its next turn to send (None: not a
+        turn). A failed turn ends its conversation: later turns are not sent."""
+        turn = self.sent.pop(str(msg.get("id")), None)
+        if turn is None:
+            return None
+        conv, prompt = turn
+        if not msg.get("ok"):
+            self.queues[conv].clear()
+            return conv, None
+        self.so_far[conv] = [*prompt, *msg.get("tokens", [])]
+        return conv, self._next(conv)
