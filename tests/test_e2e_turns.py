@@ -92,3 +92,29 @@ def test_a_prompt_that_does_not_extend_the_turn_gets_no_prefix(cluster: Cluster)
 def router_stats(cluster: Cluster) -> dict[str, Any]:
     assert cluster.router is not None
     return cluster.stats(cluster.router)
+
+
+def test_I14_conversations_under_heterogeneous_tp() -> None:
+    """P of 2 ranks, D of 2: D rank 0 holds every head of the cached turn
+    (it ran the model; rank 1 read only its share of the prompt); each P rank
+    READs every head from it (transfer-done ``n`` = 2: both P ranks complete
+    D's lease) and keeps its own."""
+    with Cluster(
+        spec(
+            p_tp=2,
+            d_tp=2,
+            decoder_kv_blocks_ttl=20.0,
+            safety_margin=0.5,
+            trace_must_pass=False,
+        )
+    ) as cluster:
+        convs = converse(cluster, 2, 3, seed=2, tag="tp")
+        for conv in convs:
+            for r in conv[1:]:
+                assert r["prefix"]["verified"], r["prefix"]
+        d = cluster.stats(cluster.decode[0])
+        assert d["turn_table"]["released_transferred"] >= 4
+        for w in cluster.prefill:
+            assert cluster.stats(w)["prefix_verified"] >= 4
+        report = cluster.check_traces(strict=False)
+    assert isinstance(report, dict)  # check-trace reads the new events without crashing

@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .metrics import RouterMetrics
+
 __all__ = ["Conversations", "prefix_summary"]
 
 #: Most conversations remembered (oldest forgotten first).
@@ -35,10 +37,18 @@ class _Turn:
 class Conversations:
     """Conversation id -> its last turn's cache on D (router clock)."""
 
-    def __init__(self, capacity: int = MAX_CONVERSATIONS) -> None:
+    def __init__(
+        self, capacity: int = MAX_CONVERSATIONS, metrics: RouterMetrics | None = None
+    ) -> None:
+        self.metrics = metrics
         self._turns: OrderedDict[str, _Turn] = OrderedDict()
         self.capacity = capacity
-        self.counts = {"prefixes_sent": 0, "prefix_mismatch": 0, "prefix_expired": 0}
+        self.counts = {"prefix_sent": 0, "prefix_mismatch": 0, "prefix_expired": 0}
+
+    def _count(self, outcome: str) -> None:
+        self.counts[f"prefix_{outcome}"] += 1
+        if self.metrics is not None:
+            self.metrics.prefixes.labels(outcome=outcome).inc()
 
     def __len__(self) -> int:
         return len(self._turns)
@@ -71,16 +81,16 @@ class Conversations:
             return {}
         n = len(turn.tokens)
         if len(prompt) <= n or list(prompt[:n]) != turn.tokens:
-            self.counts["prefix_mismatch"] += 1
+            self._count("mismatch")
             return {}
         cache = copy.deepcopy(turn.cache)
         held = now - turn.received
         for rank in cache.get("ranks", []):
             rank["lease_remaining"] = float(rank.get("lease_remaining", 0.0)) - held
         if min((r["lease_remaining"] for r in cache.get("ranks", [])), default=0.0) <= 0:
-            self.counts["prefix_expired"] += 1
+            self._count("expired")
             return {}
-        self.counts["prefixes_sent"] += 1
+        self._count("sent")
         cached = cache.pop("num_tokens")
         return {"prefix": cache, "cached": cached}
 

@@ -98,7 +98,7 @@ class DecodeWorker(DecodeReads, DecodeLeases, EngineLoop):
         self._now = -math.inf
         self._lease_checked = {}
         #: D as a grantor: cached turns under leases P reads (issue 18)
-        self.turns = TurnGrants(opts, self.backend, self.gate)
+        self.turns = TurnGrants(opts, self.backend, self.gate, self.metrics)
 
     def ready_info(self) -> dict[str, Any]:
         return {

@@ -32,11 +32,12 @@ from collections import OrderedDict
 from typing import Any
 
 from ..core import wire
+from ..core.events import Release
 from ..core.peer import PARAMS_KEY, advertisement
 from ..core.table import LeaseTable
 from .backend import KVBackend
 from .decode_state import DecodeOptions, Req
-from .metrics import PrefillMetrics, stats_dict
+from .metrics import DecodeMetrics, PrefillMetrics, stats_dict
 from .notifications import DropLog, Inbox, NotificationGate
 from .prefill_binding import ReaderBinding
 from .prefill_leases import PrefillLeases
@@ -59,7 +60,16 @@ def for_grantor(payload: bytes) -> bool:
 class TurnGrants(PrefillLeases):
     """D's leases on cached turns (the grantor side of the decode worker)."""
 
-    def __init__(self, opts: DecodeOptions, backend: KVBackend, gate: NotificationGate) -> None:
+    def __init__(
+        self,
+        opts: DecodeOptions,
+        backend: KVBackend,
+        gate: NotificationGate,
+        served: DecodeMetrics | None = None,
+    ) -> None:
+        """``served``: the decode worker's metrics, where the turn counters go
+        (the grant code's own :class:`PrefillMetrics` here is not served)."""
+        self.served = served
         self.opts = opts
         self.engine_id = opts.engine_id
         self.config = opts.config
@@ -90,6 +100,18 @@ class TurnGrants(PrefillLeases):
         self._now = max(self._now, time.monotonic())
         return self._now
 
+    def _send(self, sender: str, payload: bytes, kind: str) -> None:
+        before = self.verdicts_sent[kind]
+        super()._send(sender, payload, kind)
+        if self.served is not None and self.verdicts_sent[kind] > before:
+            self.served.turn_verdicts.labels(verdict=kind).inc()
+
+    def _release(self, rel: Release) -> None:
+        super()._release(rel)
+        if self.served is not None:
+            self.served.turn_releases.labels(reason=rel.reason.value).inc()
+            self.served.turn_blocks_held.set(sum(len(b) for b in self.blocks.values()))
+
     def _forget_silent(self) -> None:
         """D's endpoint is shared with its reads of P: nobody is forgotten here."""
 
@@ -110,6 +132,9 @@ class TurnGrants(PrefillLeases):
         readers = tuple(r.agent for r in req.ranks)
         self.binding.name(lease_id, readers)
         self.granted += 1
+        if self.served is not None:
+            self.served.turns_cached.inc()
+            self.served.turn_blocks_held.set(sum(len(b) for b in self.blocks.values()))
         deadline = self.table.deadline(lease_id)
         remaining = 0.0 if deadline is None else deadline - now
         self.backend.trace.emit(

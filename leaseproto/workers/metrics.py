@@ -276,6 +276,16 @@ class PrefillMetrics(WorkerMetrics):
         )
         self.blocks_held = self._gauge("blocks_held", "KV blocks held under a live lease")
         self.blocks_free = self._gauge("blocks_free", "Free KV blocks in the pool")
+        self.prefix_reads = self._counters(
+            "prefix_reads",
+            "Turn-2 prefixes read from D's cached turn, by outcome: verified (D's OK from "
+            "every rank read, I14) or recomputed because of nack, timeout, lost or gate",
+            "outcome",
+            ("verified", "nack", "timeout", "lost", "gate"),
+        )
+        self.prefix_heartbeats = c(
+            "prefix_heartbeats_sent", "Heartbeats P sent D for turn-2 requests waiting (I16)"
+        )
         self.reclaim = self._histogram(
             "reclaim_after_expiry_seconds",
             "Delay from an expired lease's deadline to the release of its blocks",
@@ -347,6 +357,24 @@ class DecodeMetrics(WorkerMetrics):
             "Delay from a READ's completion to the last OK it waited for",
             _DELAY_BUCKETS,
         )
+        self.turns_cached = c(
+            "turns_cached", "Finished turns whose KV D keeps under a lease for the next turn"
+        )
+        self.turn_releases = self._counters(
+            "turn_leases_released",
+            "D's cached-turn leases released, by how they ended",
+            "reason",
+            [r.value for r in ReleaseReason],
+        )
+        self.turn_verdicts = self._counters(
+            "turn_verdicts_sent",
+            "Verdicts D sent P on its reads of cached turns",
+            "verdict",
+            ("ok", "nk", "ll", "hello"),
+        )
+        self.turn_blocks_held = self._gauge(
+            "turn_blocks_held", "KV blocks D holds under cached-turn leases"
+        )
         self.waiting = self._gauge("requests_waiting", "Requests in the waiting queue")
         self.running = self._gauge("requests_running", "Requests in the running set")
 
@@ -363,6 +391,13 @@ class RouterMetrics(WorkerMetrics):
             "router_request_seconds", "Time from a client's request to its answer", _DELAY_BUCKETS
         )
         self.in_flight = self._gauge("router_requests_in_flight", "Requests being served")
+        self.prefixes = self._counters(
+            "router_prefixes",
+            "Conversation turns by what the router did with the last turn's cache on D: "
+            "sent (to P, as the prefix), mismatch (the prompt does not extend it), expired",
+            "outcome",
+            ("sent", "mismatch", "expired"),
+        )
 
 
 def stats_dict(stats: TableStats | TrackerStats) -> dict[str, Any]:

@@ -106,7 +106,12 @@ class PrefillWorker(PrefillLeases, EngineLoop):
         self._now = -math.inf
         #: P as a reader: turn-2 prefixes read from D's cached turns (I14, I16)
         self.prefixes = PrefixReads(
-            self.backend, opts.config, p_tp=opts.tp, notes=self.notes, stall=opts.prefix_stall
+            self.backend,
+            opts.config,
+            p_tp=opts.tp,
+            notes=self.notes,
+            metrics=self.metrics,
+            stall=opts.prefix_stall,
         )
         self.metrics.blocks_free.set(self.backend.num_free)
         #: our lease settings, as durations, in every transfer parameter set (lease policy)

@@ -40,6 +40,7 @@ from ..core.errors import LocalProtocolError
 from ..core.tracker import HeartbeatTracker
 from .decode_state import hello, verdict_wait
 from .messages import RankParams, TransferParams
+from .metrics import PrefillMetrics
 from .notifications import DropLog
 
 if TYPE_CHECKING:
@@ -97,11 +98,13 @@ class PrefixReads:
         *,
         p_tp: int,
         notes: DropLog,
+        metrics: PrefillMetrics | None = None,
         stall: float = 0.0,
     ) -> None:
         """``stall``: fault injection, the loop sleeps this long after posting
         a prefix READ (P paused past D's deadline after the gate admitted it)."""
         self.backend = backend
+        self.metrics = metrics
         self.stall = stall
         self.config = config
         self.p_tp = p_tp
@@ -170,6 +173,8 @@ class PrefixReads:
                 for payload in self.tracker.payloads(ids, max_bytes=room):
                     if self.backend.send(agent, payload):
                         self.counts["prefix_heartbeats_sent"] += 1
+                        if self.metrics is not None:
+                            self.metrics.prefix_heartbeats.inc()
         for p in list(self.by_req.values()):
             for agent in p.agents:  # greet until the agent answers (every H)
                 last = self._hello_at.get(agent, -math.inf)
@@ -241,6 +246,8 @@ class PrefixReads:
             return
         p.state = "ok"
         self.counts["prefix_verified"] += 1
+        if self.metrics is not None:
+            self.metrics.prefix_reads.labels(outcome="verified").inc()
         self.backend.trace.emit(
             "use", req=p.req_id, kind="prefix", remote=p.lease_id, ok_from=p.ok_from
         )
@@ -263,6 +270,8 @@ class PrefixReads:
         self._free_staging(p)
         p.state, p.reason = "lost", reason
         self.counts[f"prefix_recomputed_{reason}"] += 1
+        if self.metrics is not None:
+            self.metrics.prefix_reads.labels(outcome=reason).inc()
         self.backend.trace.emit("recompute", req=p.req_id, reason=reason, remote=p.lease_id)
         self.notes.drop("prefix recomputed", f"req {p.req_id} ({reason}): {why}")
 

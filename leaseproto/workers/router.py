@@ -96,7 +96,7 @@ class Router(EngineLoop):
         if opts.metrics_port is not None:
             self.metrics.serve(opts.host, opts.metrics_port)
         self._last_ping = -1e9
-        self.conversations = Conversations()
+        self.conversations = Conversations(metrics=self.metrics)
         self.notes = DropLog(log, prefix="")  # lines a client or worker can trigger
 
     # -- readiness ------------------------------------------------------------------------
