@@ -70,6 +70,8 @@ class Prefix:
     gate: ClockOffset
     #: what a heartbeat extends D's lease to (D's advertised ``lease_extension``)
     extension: float = 0.0
+    #: when it entered P's queue (P's clock)
+    since: float = 0.0
     #: ``waiting`` -> ``reading`` -> ``verifying`` -> ``ok`` | ``lost``
     state: str = "waiting"
     reason: str = ""
@@ -148,6 +150,7 @@ class PrefixReads:
             now + left,
             gate,
             extension=extension,
+            since=now,
         )
         try:
             self.tracker.track(req_id, engine_id=p.engine_id, remote_req_id=p.lease_id, now=now)
@@ -171,10 +174,12 @@ class PrefixReads:
                     p.deadline = max(p.deadline, now + p.extension)
             for agent in self.engines.get(engine_id, []):
                 for payload in self.tracker.payloads(ids, max_bytes=room):
-                    if self.backend.send(agent, payload):
-                        self.counts["prefix_heartbeats_sent"] += 1
-                        if self.metrics is not None:
-                            self.metrics.prefix_heartbeats.inc()
+                    if not self.backend.send(agent, payload):
+                        self._engine_lost(engine_id, f"heartbeat to {agent} could not be sent")
+                        break
+                    self.counts["prefix_heartbeats_sent"] += 1
+                    if self.metrics is not None:
+                        self.metrics.prefix_heartbeats.inc()
         for p in list(self.by_req.values()):
             for agent in p.agents:  # greet until the agent answers (every H)
                 last = self._hello_at.get(agent, -math.inf)
@@ -187,6 +192,11 @@ class PrefixReads:
                 self._progress(p, now)
             elif p.state == "verifying" and p.verdicts_due and now >= p.verify_by:
                 self.lose(p, "timeout", f"no verdict within {verdict_wait(self.config):g} s")
+
+    def _engine_lost(self, engine_id: str, why: str) -> None:
+        for p in list(self.by_req.values()):
+            if p.engine_id == engine_id and p.state == "waiting":
+                self.lose(p, "lost", why)
 
     def _pending(self) -> set[str]:
         return {
@@ -205,7 +215,10 @@ class PrefixReads:
             self.lose(p, "gate", f"{p.deadline - now:.2f} s left, margin {margin:g} s")
             return
         if not all(a in self.greeted for a in p.agents):
-            return  # the gate above gives up once waiting made the read hopeless
+            wait = verdict_wait(self.config)
+            if now - p.since > wait:  # D is gone or gives no verdicts: do not hold the queue
+                self.lose(p, "lost", f"D's agents did not answer {wire.CAPABILITY} in {wait:g} s")
+            return
         try:
             p.staging = self.backend.staging.allocate(
                 self.backend.staging.blocks_needed(p.num_tokens)
