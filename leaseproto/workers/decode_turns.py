@@ -123,6 +123,9 @@ class TurnGrants(PrefillLeases):
         lease_id = f"turn-{secrets.token_hex(8)}"
         now = self._clock()
         ttl = self.config.decoder_kv_blocks_ttl
+        cap = self.config.max_lease_lifetime
+        if cap is not None:  # the cap bounds the fixed TTL too, not only renewals
+            ttl = min(ttl, cap)
         rel = self.table.grant(lease_id, now=now, consumers=1, ttl=ttl)
         if rel is not None:  # cannot happen for a fresh id; never keep blocks unleased
             self.table.abort(lease_id, now=now)

@@ -351,6 +351,8 @@ class PrefillLeases:
 
     def lease_step(self) -> None:
         self.grant_step(self.gate.admit(self.backend.poll()))
+        for peer, reason in self.backend.take_lost_peers():
+            log.info("NIXL peer %s lost (%s)", peer, reason)
 
     def grant_step(self, got: Sequence[tuple[str, bytes]]) -> None:
         """Handle ``got`` (notifications for this grant table), then expire."""
@@ -370,8 +372,7 @@ class PrefillLeases:
             for rel in released:
                 self._release(rel)
         self.drops.flush()
-        for peer, reason in self.backend.take_lost_peers():
-            log.info("NIXL peer %s lost (%s)", peer, reason)
+        # (lost peers are the lease step's: on D they are the reader side's)
         self._forget_silent()
         self.metrics.blocks_held.set(sum(len(b) for b in self.blocks.values()))
         self.metrics.blocks_free.set(self.backend.num_free)
