@@ -49,9 +49,8 @@ def converse(
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    # trace_must_pass off: check-trace does not yet know P as a reader of D
     # (formal helper, issue 18); the traces are still checked and reported
-    with Cluster(spec(decoder_kv_blocks_ttl=20.0, safety_margin=0.5, trace_must_pass=False)) as c:
+    with Cluster(spec(decoder_kv_blocks_ttl=20.0, safety_margin=0.5)) as c:
         yield c
 
 
@@ -105,7 +104,6 @@ def test_I14_conversations_under_heterogeneous_tp() -> None:
             d_tp=2,
             decoder_kv_blocks_ttl=20.0,
             safety_margin=0.5,
-            trace_must_pass=False,
         )
     ) as cluster:
         convs = converse(cluster, 2, 3, seed=2, tag="tp")

@@ -27,8 +27,7 @@ TTL = 1.5
 
 
 def turn_spec(**kw: Any) -> Any:
-    # trace_must_pass off: check-trace does not yet know P as a reader of D (formal helper)
-    return spec(decoder_kv_blocks_ttl=TTL, safety_margin=0.2, trace_must_pass=False, **kw)
+    return spec(decoder_kv_blocks_ttl=TTL, safety_margin=0.2, **kw)
 
 
 def answer(client: RouterClient, rid: str) -> dict[str, Any]:
