@@ -13,6 +13,7 @@ pytest.importorskip("vllm", reason="vLLM is not installed (the vLLM venv of .ci/
 
 from vllm_stubs import (
     d_request,
+    make_finishing_scheduler,
     make_reader,
     make_scheduler,
     make_worker,
@@ -210,16 +211,7 @@ def test_bad_lease_duration_stops_start_up(duration: object) -> None:
 def test_p_advertises_leaseproto(clock: dict[str, float]) -> None:
     from vllm.v1.request import RequestStatus
 
-    s = make_scheduler(True, kv_lease_duration=12)
-    s.engine_id, s.side_channel_host, s.side_channel_port = "P0", "h", 5600
-    s.transfer_tp_size = 1
-    s.is_bidirectional_kv_xfer_enabled = False
-    s.vllm_config = SimpleNamespace(
-        num_prefill_lookahead_tokens=0,
-        parallel_config=SimpleNamespace(decode_context_parallel_size=1, pipeline_parallel_size=1),
-    )
-    s.kv_cache_config = MagicMock()
-    s.kv_cache_config.select_transfer_block_ids = lambda b: b
+    s = make_finishing_scheduler(True, "P0", kv_lease_duration=12)
     req = SimpleNamespace(
         request_id="p1",
         status=RequestStatus.FINISHED_LENGTH_CAPPED,

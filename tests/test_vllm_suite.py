@@ -24,6 +24,7 @@ from leaseproto.integrations.vllm.differences import (
     DIFFERENCES,
     LEASE_TEST_FILES,
     LEASE_TEST_SELECTION,
+    WHOLE_TEST_FILES,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -142,6 +143,20 @@ def test_vllm_lease_tests_pass_under_leaseproto(suite: tuple[Path, dict[str, str
     assert len(passed) >= 25, tail
     assert REAL_ENGINE in passed, tail  # the real in-process engine ran on our code
     assert any("test_nixl_heartbeat.py" in n for n in passed)
+
+
+def test_vllm_bidirectional_file_passes_whole_under_leaseproto(
+    suite: tuple[Path, dict[str, str]],
+) -> None:
+    """vLLM's bidirectional tests (turn-2 gate, D's exported deadline, clock offset),
+    every one of them, on our scheduler and worker: D's cached turn now advertises
+    leaseproto/1 and P heartbeats it, and none of vLLM's assertions notices."""
+    deselect = [a for node in DIFFERENCES for a in ("--deselect", node)]
+    res = run_vllm_tests(suite, [*WHOLE_TEST_FILES, *deselect], ours=True, name="whole")
+    tail = res.pop("__tail__")
+    bad = {n: s for n, s in res.items() if s not in ("passed", "skipped")}
+    assert not bad, f"{bad}\n{tail}"
+    assert sum(s == "passed" for s in res.values()) >= 30, tail
 
 
 def test_listed_differences_fail_under_leaseproto_and_pass_on_stock(

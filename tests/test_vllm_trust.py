@@ -14,7 +14,14 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed (the vLLM venv of .ci/run has it)")
 
-from vllm_stubs import make_reader, make_worker, recv_meta, virtual_clock, worker_stat
+from vllm_stubs import (
+    make_reader,
+    make_worker,
+    record_reads,
+    recv_meta,
+    virtual_clock,
+    worker_stat,
+)
 
 pytestmark = pytest.mark.vllm
 
@@ -26,19 +33,7 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> dict[str, float]:
 
 @pytest.fixture
 def posted(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
-    """vLLM's NIXL post of one READ, replaced: records what vLLM asked for."""
-    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker import (
-        NixlPullConnectorWorker,
-    )
-
-    calls: list[dict[str, Any]] = []
-
-    def post(self: Any, **kw: Any) -> bool:
-        calls.append({"agent": f"p{kw['read_spec'].remote_rank}", "d": self, **kw})
-        return True
-
-    monkeypatch.setattr(NixlPullConnectorWorker, "_read_blocks", post)
-    return calls
+    return record_reads(monkeypatch)
 
 
 def _prefill(rank: int, clock: dict[str, float]) -> Any:

@@ -152,6 +152,35 @@ def make_scheduler(ours: bool, *, kv_lease_duration: int = 30) -> Any:
     return s
 
 
+def make_finishing_scheduler(
+    ours: bool, engine: str, *, kv_lease_duration: int = 12, bidirectional: bool = False
+) -> Any:
+    """A scheduler whose ``request_finished`` (vLLM's) can hand out transfer parameters."""
+    s = make_scheduler(ours, kv_lease_duration=kv_lease_duration)
+    s.engine_id, s.side_channel_host, s.side_channel_port = engine, "h-" + engine, 5600
+    s.transfer_tp_size = 1
+    s.is_bidirectional_kv_xfer_enabled = bidirectional
+    s.vllm_config = SimpleNamespace(
+        num_prefill_lookahead_tokens=0,
+        parallel_config=SimpleNamespace(decode_context_parallel_size=1, pipeline_parallel_size=1),
+    )
+    s.kv_cache_config = MagicMock()
+    s.kv_cache_config.select_transfer_block_ids = lambda b: b
+    return s
+
+
+def record_reads(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """vLLM's NIXL post of one READ, replaced: records what vLLM asked for."""
+    calls: list[dict[str, Any]] = []
+
+    def post(self: Any, **kw: Any) -> bool:
+        calls.append({"agent": f"p{kw['read_spec'].remote_rank}", "d": self, **kw})
+        return True
+
+    monkeypatch.setattr(NixlPullConnectorWorker, "_read_blocks", post)
+    return calls
+
+
 def d_request(local_id: str, remote_id: str, engine: str = "P0") -> Any:
     """A request entering D's waiting queue, P's transfer parameters attached."""
     return SimpleNamespace(

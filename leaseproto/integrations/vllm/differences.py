@@ -9,7 +9,7 @@ has the same table; a test keeps the two equal.
 
 from __future__ import annotations
 
-__all__ = ["DIFFERENCES", "LEASE_TEST_FILES", "LEASE_TEST_SELECTION"]
+__all__ = ["DIFFERENCES", "LEASE_TEST_FILES", "LEASE_TEST_SELECTION", "WHOLE_TEST_FILES"]
 
 _UNIT = "tests/v1/kv_connector/unit/"
 
@@ -19,6 +19,9 @@ LEASE_TEST_FILES = (
     _UNIT + "test_nixl_connector.py",
     _UNIT + "test_bidirectional_kv_transfer.py",
 )
+
+#: vLLM's files run whole under our classes (issue 18: bidirectional mode).
+WHOLE_TEST_FILES = (_UNIT + "test_bidirectional_kv_transfer.py",)
 
 #: ``-k`` expression picking the lease, deadline, expiry and abort tests (ray excluded:
 #: the CPU platform does not support ray executors).

@@ -27,6 +27,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_scheduler import (
 
 from leaseproto import HeartbeatTracker, LeaseConfig, LocalProtocolError, wire
 
+from .bidirectional import is_cached_turn, turn2_heartbeat_target, turn_advert
 from .config import lease_config_from_extra_config
 from .sealing import load_key
 
@@ -156,15 +157,25 @@ class LeaseprotoConnectorScheduler(NixlPullConnectorScheduler):  # type: ignore[
         params = request.kv_transfer_params
         if params is not None and params.get("do_remote_decode"):
             self._truncate_request_for_prefill(request)
+            turn2 = turn2_heartbeat_target(params, PARAMS_KEY)
+            if turn2 is not None and self.__dict__.get("is_bidirectional_kv_xfer_enabled"):
+                self._track(request.request_id, *turn2, params)  # P heartbeats D (I16)
+            return
         if params is None or not params.get("do_remote_prefill"):
             return
         engine = params.get("remote_engine_id")
         remote = params.get("remote_request_id")
+        if engine is None or remote is None:
+            return
+        self._track(request.request_id, engine, remote, params)
+
+    def _track(self, req_id: str, engine: str, remote: str, params: dict[str, Any]) -> None:
+        """Heartbeat the grantor ``engine`` for ``req_id`` (its id there: ``remote``)."""
         host, port, tp = params.get("remote_host"), params.get("remote_port"), params.get("tp_size")
-        if engine is None or remote is None or host is None or port is None or tp is None:
+        if host is None or port is None or tp is None:
             return
         lp = self._tracking()
-        if request.request_id in lp.tracker:
+        if req_id in lp.tracker:
             return
         if engine not in lp.addr:
             lp.addr[engine] = _Address(
@@ -177,11 +188,9 @@ class LeaseprotoConnectorScheduler(NixlPullConnectorScheduler):  # type: ignore[
                 _key_id(params),
             )
         try:
-            lp.tracker.track(
-                request.request_id, engine_id=engine, remote_req_id=remote, now=lp.now()
-            )
-        except LocalProtocolError as exc:  # an id no heartbeat can carry: P's lease lapses
-            logger.error("Not heartbeating request %s: %s", request.request_id, exc)
+            lp.tracker.track(req_id, engine_id=engine, remote_req_id=remote, now=lp.now())
+        except LocalProtocolError as exc:  # an id no heartbeat can carry: its lease lapses
+            logger.error("Not heartbeating request %s: %s", req_id, exc)
 
     def _stop_heartbeat(self, req_id: str) -> None:
         lp = self._tracking()
@@ -219,15 +228,23 @@ class LeaseprotoConnectorScheduler(NixlPullConnectorScheduler):  # type: ignore[
         delay, params = super().request_finished(request, block_ids)
         if params is not None and params.get("do_remote_prefill"):
             cfg = self._tracking().config
-            params[PARAMS_KEY] = {
-                "v": 1,
-                "lease": {
-                    "kv_lease_duration": cfg.kv_lease_duration,
-                    "heartbeat_interval": cfg.heartbeat_interval,
-                    "lease_extension": cfg.lease_extension,
-                },
-            }
-            key_id = self.__dict__.get("_lp_key_id")
-            if key_id is not None:  # D seals what it sends us, and refuses us without it
-                params[PARAMS_KEY]["auth"] = key_id
+            params[PARAMS_KEY] = self._advert(cfg)
+        elif params is not None and delay and is_cached_turn(params):
+            # D, bidirectional: the cached turn is a lease in our worker's table (I14)
+            ttl = self.__dict__.get("decoder_kv_blocks_ttl", 480)
+            params[PARAMS_KEY] = turn_advert(self._advert(self._tracking().config), ttl)
         return delay, params
+
+    def _advert(self, cfg: LeaseConfig) -> dict[str, Any]:
+        advert: dict[str, Any] = {
+            "v": 1,
+            "lease": {
+                "kv_lease_duration": cfg.kv_lease_duration,
+                "heartbeat_interval": cfg.heartbeat_interval,
+                "lease_extension": cfg.lease_extension,
+            },
+        }
+        key_id = self.__dict__.get("_lp_key_id")
+        if key_id is not None:  # the reader seals what it sends us, and refuses us without it
+            advert["auth"] = key_id
+        return advert

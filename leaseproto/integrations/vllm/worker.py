@@ -301,8 +301,8 @@ class LeaseprotoConnectorWorker(NotificationHandling, NixlPullConnectorWorker): 
         ):
             self._lp_set("_lp_unverified_logged").add(remote.engine_id)
             logger.warning(
-                "Prefill engine %s does not advertise %s: its KV is used unverified, as "
-                "with stock vLLM",
+                "Engine %s (read from) does not advertise %s: its KV is used unverified, "
+                "as with stock vLLM",
                 remote.engine_id,
                 wire.CAPABILITY,
             )
@@ -411,5 +411,10 @@ class LeaseprotoConnectorWorker(NotificationHandling, NixlPullConnectorWorker): 
         after = (verifier.stats.refused, verifier.stats.timed_out, verifier.stats.verified)
         self._stat("lp_reads_refused", after[0] - before[0])
         self._stat("lp_reads_verdict_timeout", after[1] - before[1])
+        if after[:2] != before[:2]:  # a peer's NK or silence: rate-limited
+            self._drops().drop(
+                "read not verified, failed (recomputed under kv_load_failure_policy)",
+                f"{after[0] - before[0]} refused, {after[1] - before[1]} without a verdict",
+            )
         self._stat("lp_reads_verified", after[2] - before[2])
         return done, failed
