@@ -17,7 +17,7 @@ from leaseproto.checker import INVARIANTS, SCOPES, Violation, check, invariants
 from leaseproto.checker.compaction import EagerQueue
 from leaseproto.checker.explore import CRASH, MISUSE, OK, VIOLATION
 from leaseproto.checker.scope import QUICK
-from leaseproto.core import renewal, rules
+from leaseproto.core import renewal, rules, wire
 from leaseproto.core.deadlines import DeadlineQueue
 from leaseproto.core.errors import LocalProtocolError
 from leaseproto.core.table import LeaseTable
@@ -157,6 +157,28 @@ CHECKS: dict[str, tuple[Any, Any, str]] = {
         ),
         QUICK["drift"],
         "I9",
+    ),
+    # the turn-2 read (spec §2.8): D grants the cached lease, P heartbeats and verifies
+    "D answers OK whatever its cached lease (I14, turn2)": (
+        lambda mp: mp.setattr(wire, "verdict", lambda r, res: wire.Ok(r)),
+        QUICK["turn2"],
+        "I14",
+    ),
+    "a renewal of D's cached lease half a tick short (I16, turn2)": (
+        _short,
+        QUICK["turn2"],
+        "I16",
+    ),
+    "D's cached lease granted a tick past its ttl (I16, turn2)": (
+        lambda mp: mutate(
+            mp,
+            LeaseTable,
+            "grant",
+            "R.grant_deadline(now, float(ttl))",
+            "R.grant_deadline(now, float(ttl) + 1)",
+        ),
+        QUICK["turn2"],
+        "I16",
     ),
 }
 

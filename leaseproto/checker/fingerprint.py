@@ -27,7 +27,7 @@ World_ = Any
 
 def _horizon(w: World_) -> float:
     c = w.cfg
-    spans = [c.kv_lease_duration, c.lease_extension, c.tombstone_ttl, c.staging_ttl]
+    spans = [w.ttl, c.lease_extension, c.tombstone_ttl, c.staging_ttl]
     if c.max_lease_lifetime is not None:
         spans.append(c.max_lease_lifetime)
     return float(max(spans) + w.scope.delay + 2)

@@ -61,6 +61,11 @@ INVARIANTS = {
     "I13": "a transfer-done is answered OK exactly when its lease was live; an NK names "
     "how the lease ended while P must remember it; D uses a read only if its blocks "
     "were held; LL only for leases lost untransferred",
+    "I14": "turn 2 (scope turn2): I13 for D's cached lease -- P uses a prefix only after "
+    "OK from every D rank, each answered while the lease was live; NK or LL: P recomputes",
+    "I16": "turn 2 (scope turn2): I5, I6, I8 and I11 for D's cached lease -- P's heartbeats "
+    "to D on schedule, the cached lease never expires while P tracks it, and D frees it by "
+    "max(granted_at + decoder_kv_blocks_ttl, h + lease_extension)",
 }
 
 
@@ -96,7 +101,7 @@ def check_release(w: World_, p: str, r: str, inst: Instance, rel: Release) -> No
 def check_reaped(w: World_, p: str) -> None:
     table = w.tables[p]
     ext = w.cfg.lease_extension
-    ttl = w.cfg.kv_lease_duration
+    ttl = w.ttl
     for r in table.live():
         info = table.lease_info(r)
         assert info is not None
@@ -136,7 +141,7 @@ def check_bounds(w: World_, p: str, r: str) -> None:
     inst = w.live_inst(p, r)
     assert inst is not None
     cfg = w.cfg
-    ttl, ext, cap = cfg.kv_lease_duration, cfg.lease_extension, cfg.max_lease_lifetime
+    ttl, ext, cap = w.ttl, cfg.lease_extension, cfg.max_lease_lifetime
     g, h = inst.granted_at, inst.renewed_at
     if h is None and w.now >= g + ttl:
         raise Violation("I5", f"{r} on {p}, granted at {g} and never renewed, live at {w.now}")

@@ -86,6 +86,13 @@ class Scope:
     #: P's loop asks its table ``next_deadline()`` (with the lazy requeue it does);
     #: False: the answer is checked on a copy, the explored table never asked
     wakes: bool = False
+    #: the turn-2 read of spec §2.8 (I14-I16): the grantor ranks are D's, holding the
+    #: turn's cached KV under ``decoder_kv_blocks_ttl`` in their real tables; the reader
+    #: is P, which heartbeats D while its turn-2 request waits, reads, sends each D rank
+    #: its transfer-done and uses the prefix only after every ``OK`` (else recomputes).
+    #: The same table, tracker and wire run with the roles swapped; the invariants
+    #: report the mirrored ids (I13 as I14; I5, I6, I8, I11 as I16)
+    mirror: bool = False
     #: stop after this many distinct states (reported as a bounded run); each scope of
     #: SCOPES but ``large`` sets it above its own state count, so ``leaseproto check
     #: --scope S`` as typed is exhaustive
@@ -228,6 +235,22 @@ SCOPES: dict[str, Scope] = {
 SCOPES["drift"] = SCOPES["gate"].with_(name="drift", rho=0.5, d_rate=0.375)
 
 
+def turn2_config() -> LeaseConfig:
+    """The scope configuration with D's cached lease at ``decoder_kv_blocks_ttl`` = 6
+    ticks (not L = 5, so a grant that ignores its ttl shows). T1' and T2' (§2.8) hold on
+    the grid as T1 and T2 do, the turn-2 request entering P's queue within a tick."""
+    return replace(scope_config(), decoder_kv_blocks_ttl=6.0)
+
+
+# the turn-2 read (§2.8) under the clock offset and drift of ``drift``, the reader P's
+# clock now the one that runs slow: D grants, P heartbeats, reads through the gate with
+# D's deadline, sends transfer-done, uses the prefix only after D's OK; P may abort its
+# turn-2 request (so a transfer-done can reach D after the lease ended and be NK)
+SCOPES["turn2"] = SCOPES["drift"].with_(
+    name="turn2", mirror=True, aborts=True, config=turn2_config(), max_states=400_000
+)
+
+
 def _one_tombstone() -> LeaseConfig:
     return replace(scope_config(), tombstone_capacity=1)
 
@@ -235,7 +258,7 @@ def _one_tombstone() -> LeaseConfig:
 #: The quick scopes: what the test suite and the mutation run (tools/mutation_run.py)
 #: explore on every change: ``small``, ``small-crash``, ``small-pause``, ``d2``, ``cap``
 #: and ``gate`` exhaustively, the others bounded at 3,000 states (their full spaces take
-#: minutes).
+#: minutes; ``turn2``'s 176,925 states about 70 s on a loaded machine).
 QUICK: dict[str, Scope] = {
     "small": SCOPES["small"],
     "small-crash": SCOPES["small"].with_(name="small-crash", d_crash=True),
@@ -251,6 +274,7 @@ QUICK: dict[str, Scope] = {
     "cap": SCOPES["cap"],
     "gate": SCOPES["gate"],
     "drift": SCOPES["drift"].with_(max_states=3_000),
+    "turn2": SCOPES["turn2"].with_(max_states=3_000),
     "ranks-n": SCOPES["ranks-n"].with_(max_states=3_000),
     "compaction": SCOPES["compaction"].with_(max_states=3_000),
 }

@@ -29,7 +29,11 @@ from .fingerprint import world_fingerprint
 from .ghosts import Action, Instance, Msg, Violation
 from .scope import Scope
 
-__all__ = ["Action", "Instance", "Msg", "Violation", "World"]
+__all__ = ["MIRRORED", "Action", "Instance", "Msg", "Violation", "World"]
+
+#: the ids a violation in the turn-2 scope is reported by (spec §9: I14-I16 are I13,
+#: I8/I11 and I5/I6 for the leases D grants)
+MIRRORED = {"I13": "I14", "I5": "I16", "I6": "I16", "I8": "I16", "I11": "I16"}
 
 
 class World:
@@ -38,8 +42,13 @@ class World:
     def __init__(self, scope: Scope) -> None:
         self.scope = scope
         self.cfg = scope.config
-        self.P = [f"P{i}" for i in range(scope.p_ranks)]
-        self.D = [f"D{i}" for i in range(scope.d_ranks)]
+        # P: the grantor ranks (tables), D: the reader's ranks (tracker); named by
+        # role in the turn-2 scope, where D grants and P reads (spec §2.8)
+        grantor, reader = ("D", "P") if scope.mirror else ("P", "D")
+        self.P = [f"{grantor}{i}" for i in range(scope.p_ranks)]
+        self.D = [f"{reader}{i}" for i in range(scope.d_ranks)]
+        #: the grant's ttl: P's L, or D's decoder_kv_blocks_ttl for a cached turn
+        self.ttl = self.cfg.decoder_kv_blocks_ttl if scope.mirror else self.cfg.kv_lease_duration
         self.R = [f"r{i}" for i in range(scope.requests)]
         self.now = 0
         self.tables = {p: self.new_table() for p in self.P}
@@ -250,8 +259,13 @@ class World:
     def apply(self, act: Action) -> None:
         """Take ``act``; raises :class:`Violation` when an invariant fails."""
         name, *args = act
-        getattr(self, "_do_" + name)(*args)
-        inv.check_state(self, act)
+        try:
+            getattr(self, "_do_" + name)(*args)
+            inv.check_state(self, act)
+        except Violation as v:
+            if self.scope.mirror and v.inv in MIRRORED:
+                raise Violation(MIRRORED[v.inv], f"turn 2 ({v.inv} mirrored): {v.text}") from v
+            raise
 
     def _do_arrive(self, i: int) -> None:
         m = self.undecided.pop(i)
@@ -286,7 +300,7 @@ class World:
         table = self.tables[p]
         # staged notifications P may forget (staging_ttl, capacity): checked only if none was
         dropped = self.staged_mark.pop((p, r), table.stats.early_dropped)
-        res = table.grant(r, now=float(self.now), consumers=self.scope.consumers)
+        res = table.grant(r, now=float(self.now), consumers=self.scope.consumers, ttl=self.ttl)
         inst = Instance(tds=self.staged.pop((p, r), 0), granted_at=self.now)
         insts.append(inst)
         self.tombs[p].pop(r, None)
