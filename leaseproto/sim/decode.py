@@ -68,6 +68,7 @@ class DecodeSide:
         return HeartbeatTracker(self.policy.config) if self.policy.heartbeats else None
 
     def _send(self, p: PEngine, t: float, msg: bytes) -> None:
+        # (written out in _d_heartbeat's loop too)
         sc = self.sc
         arrive = t + sc.delay_base + self.net.random() * sc.delay_jitter
         b = grid(arrive, sc.p_step, p.phase)
@@ -142,16 +143,31 @@ class DecodeSide:
         if due:
             max_bytes = self.policy.config.max_notification_bytes
             p_by_name = self.p_by_name
-            send = self._send
             encode = wire.encode_heartbeat
+            # _send, written out: the heartbeats are most of a busy fleet's messages
+            sc = self.sc
+            sent = t + sc.delay_base
+            jitter = sc.delay_jitter
+            period = sc.p_step
+            rnd = self.net.random
+            heap = self._heap
+            seq = self._seq
+            notify = self._h_p_notify
+            push = heapq.heappush
+            ceil = math.ceil
             ids_sent = msgs = size = 0
             for engine, ids in due.items():
                 p = p_by_name[engine]
+                phase = p.phase
                 ids_sent += len(ids)
                 for msg in encode(ids, max_bytes=max_bytes):
                     msgs += 1
                     size += len(msg)
-                    send(p, t, msg)
+                    arrive = sent + rnd() * jitter
+                    b = phase + ceil((arrive - phase) / period) * period  # grid()
+                    if b < arrive:
+                        b += period
+                    push(heap, (b, _NOTIFY, next(seq), notify, (p, msg)))
             self.fig.hb_ids += ids_sent
             self._hb_msgs += msgs
             self._hb_bytes += size

@@ -81,7 +81,10 @@ class DEngine:
     def step_at(self, t: float, period: float) -> float:
         """D's first step boundary at or after ``t``. A stall swallows the
         boundaries inside it: the stalled step ends at the stall's end."""
-        b = grid(t, period, self.phase)
+        phase = self.phase
+        b = phase + math.ceil((t - phase) / period) * period  # grid(), written out
+        if b < t:
+            b += period
         i = bisect_right(self.stall_starts, b) - 1
         if i >= 0 and self.stall_starts[i] < b < self.stall_ends[i]:
             b = self.stall_ends[i]

@@ -255,9 +255,20 @@ class FleetRun(DecodeSide):
         if len(order) > self._p_order_max:  # drop the stale entries
             order[:] = [(load, j) for j, load in enumerate(loads)]
             heapq.heapify(order)
-        p.table.grant(self.wl.rid[i], now=t, ttl=self.policy.ttl)
+        rid = self.wl.rid[i]
+        p.table.grant(rid, now=t, ttl=self.policy.ttl)
         self._held_change(t, self.wl.blocks[i])
-        self._want_expire(p)
+        # The table's earliest deadline is now the smaller of the one before and the new
+        # lease's; an expiry is already due at or before the grid boundary of the one
+        # before (p.expire_at), so only the new deadline can ask for an earlier one. This
+        # leaves the table's lazy queue alone (next_deadline() walks and requeues the
+        # renewed leases at its head: the costliest call of a busy fleet's grants).
+        deadline = p.table.deadline(rid)
+        assert deadline is not None
+        b = grid(deadline, self.sc.p_step, p.phase)
+        if b < p.expire_at:
+            p.expire_at = b
+            heapq.heappush(self._heap, (b, _EXPIRE, next(self._seq), self._h_p_expire, p))
         d = self._route()
         self.stage[i] = _AT_D
         heapq.heappush(
@@ -268,6 +279,7 @@ class FleetRun(DecodeSide):
             self._p_start(p, t)
 
     def _want_expire(self, p: PEngine) -> None:
+        # invariant: p.expire_at <= grid(p.table.next_deadline()) while a lease is live
         nd = p.table.next_deadline()
         if nd is None:
             return
