@@ -9,19 +9,29 @@ through ``NixlEndpoint`` (our adapter) on the same loop, so the adapter's and th
 configuration's share of the round trip are apart. Thread CPU time is not the
 point here (both sides spin): wall time per round trip.
 
-    python benchmarks/bench_nixl_floor.py [--trips 300]
+With ``--load N``, N busy-loop processes (each dies with the benchmark: parent
+death signal) keep the cores busy, and the round trip through ``NixlEndpoint``
+is measured against ZeroMQ's (blocking receives), quiet then loaded, the two
+taking turns ``--rounds`` times in the same run: the spread is the range of the
+rounds' medians.
+
+    python benchmarks/bench_nixl_floor.py [--trips 300] [--load N [--rounds 3]]
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import multiprocessing as mp
+import os
+import signal
 import sys
 import time
 from collections.abc import Sequence
+from multiprocessing.process import BaseProcess
 
 from _common import load, machine, median, pct, table
-from bench_e2e_nixl import nixl_round_trips
+from bench_e2e_nixl import nixl_round_trips, zmq_round_trips
 
 PAYLOAD = b"HB:" + b",".join(f"chatcmpl-{i:032x}-{i:08x}".encode() for i in range(1))
 
@@ -91,10 +101,66 @@ def idle_cpu(prog: bool, seconds: float = 2.0) -> float:
     return used
 
 
+def _busy(parent: int) -> None:
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the benchmark
+    if os.getppid() != parent:  # the benchmark died before prctl
+        return
+    while True:
+        pass
+
+
+def start_load(n: int) -> list[BaseProcess]:
+    """``n`` busy-loop processes; they die with this process."""
+    procs: list[BaseProcess] = [
+        mp.get_context("spawn").Process(target=_busy, args=(os.getpid(),), daemon=True)
+        for _ in range(n)
+    ]
+    for p in procs:
+        p.start()
+    time.sleep(1.0)  # let them start spinning
+    return procs
+
+
+def _spread(rounds: list[list[float]]) -> str:
+    meds = sorted(median(r) * 1e6 for r in rounds)
+    return f"{median(meds):,.0f} ({meds[0]:,.0f}-{meds[-1]:,.0f})"
+
+
+def under_load(n: int, trips: int, rounds: int) -> int:
+    """NIXL (``NixlEndpoint``) against ZeroMQ, quiet and with ``n`` busy loops."""
+    print(
+        f"notification round trip under load, {trips} trips x {rounds} rounds, {len(PAYLOAD)} B; "
+        f"{machine()}; {load()}"
+    )
+    head = ["busy loops", "NIXL median µs (range of rounds)", "ZeroMQ median µs", "NIXL / ZeroMQ"]
+    rows = []
+    for busy in (0, n):
+        procs = start_load(busy)
+        try:
+            nx: list[list[float]] = []
+            zq: list[list[float]] = []
+            for _ in range(rounds):
+                nx.append(nixl_round_trips([PAYLOAD], trips, prog=False)["nixl 0"])
+                zq.append(zmq_round_trips([PAYLOAD], trips)["zmq 0"])
+        finally:
+            for p in procs:
+                p.kill()
+                p.join(5)
+        ratio = median([median(r) for r in nx]) / median([median(r) for r in zq])
+        rows.append([str(busy), _spread(nx), _spread(zq), f"{ratio:.1f}x"])
+        print(table(head, rows[-1:]), flush=True)
+    print(table(head, rows))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trips", type=int, default=300)
+    ap.add_argument("--load", type=int, default=0, help="busy-loop processes beside the run")
+    ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args(argv)
+    if args.load > 0:
+        return under_load(args.load, args.trips, args.rounds)
     print(
         f"NIXL notification round trip, {args.trips} trips, {len(PAYLOAD)} B; {machine()}; {load()}"
     )
