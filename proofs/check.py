@@ -29,7 +29,7 @@ import z3
 from leaseproto.core import rules as R
 from leaseproto.core.state import Input, LeaseState
 
-from . import bmc, loops, model, table_invariants, table_model, timing, timing_turn2
+from . import bmc, loops, model, structures, table_invariants, table_model, timing, timing_turn2
 from . import counterexamples as cx
 from . import invariants as inv_mod
 from .kit import System, fmt, model_value
@@ -47,6 +47,14 @@ class Obligation:
     assertions: list[Any]
     show: Callable[[Any], list[str]] = field(default=lambda m: [])
     why: str = ""
+    #: the code under proof raised while the obligation was built (a crash, not a
+    #: behaviour the obligation refutes): it fails all the same
+    crashed: bool = False
+
+
+#: the last :func:`run`'s failed obligations: how many, and how many of them crashed
+#: (the mutation run tells a failed obligation from a crash by it)
+LAST_RUN: dict[str, int] = {"failed": 0, "crashed": 0}
 
 
 @dataclass
@@ -296,8 +304,26 @@ def loop_obligations(only: str = "") -> list[Obligation]:
     """L14: the runtime's hot loops, run on z3 terms (:mod:`proofs.loops`), do what
     the rules say on every path through them (the obligations whose label contains
     ``only``)."""
+    return _run_obligations(loops.SYSTEM, ("L14",), loops.checks(only), "the loop", "the rules do")
+
+
+def structure_obligations(only: str = "") -> list[Obligation]:
+    """L15: the real ``LeaseTable`` run on z3 terms (:mod:`proofs.structures`) does
+    what the naive model does on every feasible path of each scenario."""
+    return _run_obligations(
+        structures.SYSTEM,
+        ("L15", "I4", "I13"),
+        structures.checks(only),
+        "the table",
+        "the naive model does",
+    )
+
+
+def _run_obligations(
+    system: str, ids: tuple[str, ...], checks: list[tuple[str, Any]], code: str, oracle: str
+) -> list[Obligation]:
     obs = []
-    for label, chk in loops.checks(only):
+    for label, chk in checks:
         bad = [z3.BoolVal(True)] if chk.error else [z3.Or(*(f for _, f in chk.bad))]
 
         def show(m: Any, chk: Any = chk) -> list[str]:
@@ -307,13 +333,14 @@ def loop_obligations(only: str = "") -> list[Obligation]:
 
         obs.append(
             Obligation(
-                loops.SYSTEM,
+                system,
                 label,
-                ("L14",),
+                ids,
                 "unsat",
                 [*chk.hyps, *bad],
                 show,
-                why=chk.error or "a path through the loop does what the rules do not",
+                why=chk.error or f"a path through {code} does what {oracle} not",
+                crashed=bool(chk.error),
             )
         )
     return obs
@@ -337,6 +364,8 @@ def all_obligations(system: str | None = None) -> list[Obligation]:
             obs += system_obligations(table_model.table_system(), table_invariants.INVARIANTS)
         if system in (None, loops.SYSTEM):
             obs += loop_obligations()
+        if system in (None, structures.SYSTEM):
+            obs += structure_obligations()
         obs += theorem_obligations(model.gate_theorems())
         obs += theorem_obligations(timing.theorems())
         obs += theorem_obligations(timing_turn2.theorems())
@@ -396,15 +425,17 @@ def select(obs: list[Obligation], only: str | None, system: str | None = None) -
 def discharge(obs: Sequence[Obligation], out: Any, timeout_ms: int = TIMEOUT_MS) -> int:
     """Solve each obligation and print its line (and why, when it fails); returns how
     many failed."""
-    failed = 0
+    failed = crashed = 0
     for ob in obs:
         r = solve(ob, timeout_ms)
         tag = "ok  " if r.ok else "FAIL"
+        crashed += not r.ok and ob.crashed
         print(f"{tag} [{ob.system}] {ob.label}  ({r.seconds * 1000:.0f} ms)", file=out)
         if not r.ok:
             failed += 1
             for line in r.detail:
                 print(f"       {line}", file=out)
+    LAST_RUN.update(failed=failed, crashed=crashed)
     return failed
 
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 TIMEOUT_MS = 20_000
 SYSTEMS = (
-    "lease, lease-cap, engine, table, loops, gate, timing, timing-cap, timing-bounded, "
+    "lease, lease-cap, engine, table, loops, structures, gate, timing, timing-cap, timing-bounded, "
     "timing-reads, turn2, push"
 )
 

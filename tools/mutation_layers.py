@@ -219,16 +219,25 @@ def _run_checker(units: list[str] | None, record: dict[str, Any], limits: Limits
 
 
 def _run_proofs(units: list[str] | None, record: dict[str, Any], limits: Limits | None) -> bool:
-    from leaseproto.proofs.check import main
+    from leaseproto.proofs.check import LAST_RUN, main
 
     if limits is not None:
         limits.arm("prove")
+    LAST_RUN.update(failed=0, crashed=0)
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         rc = main([])
     record["rc"] = rc
     if rc:
-        record["kind"] = proofs_kind(out.getvalue())
+        # prove's own count of obligations that failed only because the code raised on z3
+        # terms (loops, structures); its output when it has none (an exception out of prove)
+        failed, crashed = LAST_RUN["failed"], LAST_RUN["crashed"]
+        record["obligations_failed"] = failed
+        record["obligations_crashed"] = crashed
+        if failed:
+            record["kind"] = "crash" if crashed == failed else "behaviour"
+        else:
+            record["kind"] = proofs_kind(out.getvalue())
     return rc != 0
 
 

@@ -34,6 +34,7 @@ __all__ = ["LeaseTable", "TableStats"]
 _STATE = attrgetter("state")
 _DEADLINE = attrgetter("deadline")
 _REQ_ID = attrgetter("req_id")
+_INF = math.inf
 _consume: Callable[[Iterable[object]], None] = deque[object](maxlen=0).extend
 
 _REASON = {
@@ -167,7 +168,9 @@ class LeaseTable(Renewals):
         advance(self._last_now, now)  # checked before anything changes
         deadline = R.grant_deadline(now, float(ttl))
         cap_at = None if cap is None else now + cap
-        if not math.isfinite(deadline) or (cap_at is not None and not math.isfinite(cap_at)):
+        # (not ``math.isfinite``: a comparison, so ``leaseproto prove`` runs it on z3 terms;
+        # ``now`` is finite and ``ttl``, ``cap`` positive, so only +inf can come out)
+        if not deadline < _INF or (cap_at is not None and not cap_at < _INF):
             raise LocalProtocolError(f"now={now!r} + ttl={ttl!r} is not a finite deadline")
         self._clock(now)
         self._ended.pop(req_id, None)  # a reused id starts a new lease (spec §6.1)
