@@ -322,9 +322,31 @@ def expire_check(kind: str) -> Check:
             got = _term(result)
             differs = due if got is None else z3.Or(z3.Not(due), end != got)
             check.bad.append(("expire_end", z3.And(pc, differs)))
+        _expire_monotone(check, kind, st, deadline, now)
     except Exception as exc:
         check.error = f"expire_end raised {type(exc).__name__}: {exc}"
     return check
+
+
+def _expire_monotone(check: Check, kind: str, st: Any, later: Any, now: Any) -> None:
+    """``table.expire_end`` run twice: what it expires at deadline ``later`` it expires
+    at every ``earlier <= later`` too (``expire`` asks it once per state, at the latest
+    deadline of a burst)."""
+    earlier = _number(kind, "deadline_earlier")
+    paths = Paths()
+
+    def run() -> Any:
+        def call(d: Any) -> Any:
+            return table.expire_end(Sym(st, paths), Sym(d, paths), Sym(now, paths))  # type: ignore[arg-type]
+
+        return _term(call(later)), _term(call(earlier))
+
+    def expired(got: Any) -> Any:
+        return z3.BoolVal(False) if got is None else z3.BoolVal(True) & (got == R.EXPIRED)
+
+    for pc, (at_later, at_earlier) in paths.runs(run):
+        bad = z3.And(pc, earlier <= later, expired(at_later), z3.Not(expired(at_earlier)))
+        check.bad.append(("expire_end at an earlier deadline", bad))
 
 
 # -- the obligations -----------------------------------------------------------------------

@@ -410,6 +410,44 @@ def test_expire_releases_as_the_naive_model_does(ops: list[tuple[str, int]], ttl
     assert t.expire(now=now + 10) == naive.expire(now=now + 10)
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["grant", "renew", "done", "expire"]),
+            st.integers(0, 3),
+            st.integers(0, 11),
+        ),
+        max_size=30,
+    )
+)
+def test_expire_takes_whole_buckets_as_the_naive_model_does(
+    ops: list[tuple[str, int, int]],
+) -> None:
+    """Groups of 12 leases granted at one ``now`` fill buckets past the size that
+    ``take_due`` first checks whole; renewals and transfers of some of them leave
+    renewed and stale entries inside such buckets."""
+    cfg = LeaseConfig(kv_lease_duration=4.0, lease_extension=3.0, heartbeat_interval=1.0)
+    t, naive = LeaseTable(cfg), NaiveLeaseTable(cfg)
+    now = 0.0
+    for op, k, j in ops:
+        group = [f"g{k}-{i}" for i in range(12)]
+        for x in (t, naive):
+            if op == "grant":
+                for rid in group:
+                    if rid not in x:
+                        x.grant(rid, now=now, ttl=float(1 + k % 3))
+            elif op == "renew":
+                x.renew(group[j:], now=now)
+            elif op == "done":
+                x.transfer_done(group[j], now=now)
+        if op == "expire":
+            assert t.expire(now=now) == naive.expire(now=now)
+            assert t.next_deadline() == naive.next_deadline()
+        now += 1.0
+    assert t.expire(now=now + 10) == naive.expire(now=now + 10)
+
+
 @given(st.lists(st.tuples(st.text(max_size=4), st.floats(), st.one_of(st.none(), st.floats()))))
 def test_make_releases_equals_the_constructor(rows: list[tuple[str, float, float | None]]) -> None:
     leases = [

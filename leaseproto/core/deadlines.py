@@ -23,13 +23,26 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections.abc import Callable, Iterator
-from operator import attrgetter
+from itertools import repeat
+from operator import attrgetter, eq, is_
 
 from .lease import Lease
 
 __all__ = ["DeadlineQueue"]
 
 _SEQ: Callable[[Lease], int] = attrgetter("seq")
+_REQ_ID: Callable[[Lease], str] = attrgetter("req_id")
+_DEADLINE: Callable[[Lease], float] = attrgetter("deadline")
+#: a bucket at least this long is first checked whole (below it the loop is cheaper)
+_WHOLE = 8
+
+
+def _clean(bucket: list[Lease], d: float, live: dict[str, Lease]) -> bool:
+    """Every entry of ``bucket`` (queued at ``d``) is a live lease still due at ``d``:
+    no stale entry, none renewed since (``take_due`` then takes the bucket whole)."""
+    return all(map(is_, map(live.get, map(_REQ_ID, bucket)), bucket)) and all(
+        map(eq, map(_DEADLINE, bucket), repeat(d))
+    )
 
 
 class DeadlineQueue:
@@ -74,7 +87,11 @@ class DeadlineQueue:
         add = out.append
         while keys and keys[0] <= now:
             d = heapq.heappop(keys)
-            for lease in buckets.pop(d):
+            popped = buckets.pop(d)
+            if len(popped) >= _WHOLE and _clean(popped, d, live):
+                out += popped  # what the loop below does with a clean bucket, at C speed
+                continue
+            for lease in popped:
                 if live.get(lease.req_id) is not lease:
                     self._dropped()
                     continue

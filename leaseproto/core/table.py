@@ -47,9 +47,10 @@ _REASON = {
 # -- the reaper's rule, as ordinary code (spec §8.5) -------------------------------------------
 def expire_end(state: int, deadline: float, now: float) -> int | None:
     """:func:`.rules.expire_state` for a lease :func:`.rules.expire_due` finds due,
-    ``None`` for one it does not: what ``expire`` asks of each lease the queue hands it
+    ``None`` for one it does not: what ``expire`` asks of the leases the queue hands it
     (``leaseproto prove``, lemma L14, runs this on z3 terms and shows it equal to the
-    two rules)."""
+    two rules, and that what it expires at a deadline it expires at every earlier one,
+    so ``expire`` asks it once per state, at the latest deadline of a burst)."""
     if state == R.GRANTED and deadline <= now:
         return R.EXPIRED
     return None
@@ -264,11 +265,10 @@ class LeaseTable(Renewals):
         out: list[Release] = []
         expired = 0
         if due:
-            ends = {  # the rule, once per distinct (state, deadline) among them
-                expire_end(s, d, now)
-                for s in set(map(_STATE, due))
-                for d in set(map(_DEADLINE, due))
-            }
+            # the rule once per state among them, at their latest deadline: what
+            # expire_end expires at a deadline it expires at every earlier one (L14)
+            latest = max(map(_DEADLINE, due))
+            ends = {expire_end(s, latest, now) for s in set(map(_STATE, due))}
             if ends == {R.EXPIRED}:  # each one expires: what _end does, for the whole batch
                 out = self._expire_all(due, now)
                 expired = len(out)

@@ -25,6 +25,7 @@ from . import wire
 from .checks import FIRST_NOW, advance, check_wire_id
 from .config import LeaseConfig
 from .errors import LocalProtocolError
+from .wire import plain_id
 
 __all__ = ["HeartbeatTracker", "TrackerStats"]
 
@@ -111,8 +112,10 @@ class HeartbeatTracker:
                 back. Nothing changes.
         """
         remote = req_id if remote_req_id is None else remote_req_id
-        check_wire_id(remote, self.config.max_id_bytes)
-        if not isinstance(req_id, str):
+        max_bytes = self.config.max_id_bytes
+        if not plain_id(remote, max_bytes):  # the common case at C speed, one call
+            check_wire_id(remote, max_bytes)  # decides and words the error
+        if type(req_id) is not str and not isinstance(req_id, str):
             raise LocalProtocolError(f"request id must be a str, got {type(req_id).__name__}")
         engine_of = self._engine_of
         if req_id in engine_of:
