@@ -47,13 +47,32 @@ log = logging.getLogger("leaseproto.prefill")
 
 #: Most prompts prefilled in one loop turn.
 _BATCH = 8
+#: How P reads a turn-2 prefix from D (``--turn-reads``).
+TURN_READS = ("verified", "gate-only")
 
 
 @dataclass
 class PrefillOptions(RankOptions):
     engine_id: str = "prefill-engine"
+    #: turn-2 prefixes: ``verified`` (I14, I16) or ``gate-only`` (vLLM 0.32's
+    #: bidirectional mode, for comparison: :mod:`.prefill_prefix`)
+    turn_reads: str = "verified"
     #: fault injection: the loop stalls this long after posting a prefix READ
     prefix_stall: float = 0.0
+    #: fault injection: a read the gate admitted waits this long (P stops on it)
+    prefix_gate_stall: float = 0.0
+    #: how many prefix reads the stalls hit, the first ones admitted (None: every one)
+    prefix_stalls: int | None = None
+
+    @property
+    def verify_reads(self) -> bool:
+        """Whether P uses a prefix only after D's verdict (the trace header says so)."""
+        return self.turn_reads == "verified"
+
+    def check(self) -> None:
+        super().check()
+        if self.turn_reads not in TURN_READS:
+            raise ValueError(f"turn_reads must be one of {TURN_READS}, got {self.turn_reads!r}")
 
 
 @dataclass
@@ -112,6 +131,9 @@ class PrefillWorker(PrefillLeases, EngineLoop):
             notes=self.notes,
             metrics=self.metrics,
             stall=opts.prefix_stall,
+            gate_only=opts.turn_reads == "gate-only",
+            stall_at_gate=opts.prefix_gate_stall,
+            stalls=opts.prefix_stalls,
         )
         self.metrics.blocks_free.set(self.backend.num_free)
         #: our lease settings, as durations, in every transfer parameter set (lease policy)
