@@ -376,8 +376,8 @@ def _decode(
                     Violation(
                         inv,
                         e,
-                        f"used the read of {remote}, whose lease had ended when P handled its "
-                        f"transfer-done: {ended}",
+                        f"used the read of {remote}, whose lease had ended when "
+                        f"{'D' if inv == 'I14' else 'P'} handled its transfer-done: {ended}",
                     )
                 )
             else:
