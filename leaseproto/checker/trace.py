@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections import defaultdict, deque
+from collections import Counter, defaultdict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -133,6 +133,7 @@ class Report:
             "timing": self.timing.as_dict(),
             "seconds": self.seconds,
             "violations": len(self.violations),
+            "by_invariant": dict(Counter(v.invariant for v in self.violations)),
             "first": None if first is None else str(first),
             "invariant": None if first is None else first.invariant,
         }

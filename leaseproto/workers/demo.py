@@ -14,6 +14,13 @@ process, KV moved by NIXL READs) on a compressed timescale, and runs:
    no renewals, no NACK; what a naive deployment does). Expected: leases
    expire while requests wait, P sees late transfer notifications, and some
    outputs differ from the reference (D read blocks P had freed and reused).
+4. **turns, verified** and 5. **turns, gate-only** (:mod:`.demo_turns`): two-turn
+   conversations whose turn 2 reaches P's read later than D's cached lease,
+   queued behind a read the gate admitted and P then stalled on past D's
+   deadline while D reused the blocks. Expected: ours keeps the queued turns'
+   blocks by P's heartbeats and recomputes the stalled one on D's NK (every
+   output identical); vLLM's gate-only reads recompute the queued ones (the
+   gate) and use the stalled one from reused blocks (its output differs; I14).
 
 Every figure is measured on this run; nothing is assumed.
 """
@@ -31,6 +38,8 @@ from typing import Any, TextIO
 
 from ..core.config import LeaseConfig
 from .cluster import Cluster, ClusterSpec
+from .demo_report import header, table, turns_table, turns_verdict, verdict
+from .demo_turns import TurnsResult, converse, stall_s, trace_fates, turn_spec
 from .demo_view import DemoDisplay, surge_status
 
 __all__ = ["DemoSettings", "PhaseResult", "run_demo"]
@@ -55,6 +64,13 @@ class DemoSettings:
     #: the lease phases run with this cluster key (the fixed-timeout phase cannot: it
     #: has no greeting to open a sealed connection with)
     cluster_key_file: str | None = None
+    #: the multi-turn phases: conversations, D's cached-turn lease
+    #: (``decoder_kv_blocks_ttl``, compressed like the 3 s leases) and the read
+    #: gate's margin (vLLM's 5 s against its 480 s TTL, compressed too); 0
+    #: conversations skips them
+    conversations: int = 3
+    turn_ttl: float = 2.0
+    turn_margin: float = 0.25
 
     @property
     def heartbeat_interval(self) -> float:
@@ -246,7 +262,7 @@ def _crash(
 
 def run_demo(
     settings: DemoSettings, *, out: TextIO = sys.stdout, json_path: str | None = None
-) -> list[PhaseResult]:
+) -> tuple[list[PhaseResult], list[TurnsResult]]:
     from .backend import reference_tokens  # noqa: PLC0415 - torch, on use
 
     progress = DemoDisplay(out)
@@ -262,7 +278,7 @@ def run_demo(
         finally:
             progress.end_status()
         result.seconds = time.monotonic() - start
-        progress.verdict(_verdict(result, settings))
+        progress.verdict(verdict(result, settings))
         results.append(result)
 
     n = settings.first_wave + settings.waves * settings.wave
@@ -273,7 +289,7 @@ def run_demo(
     # P's pool holds one surge (all of it may wait on D at once), and no more
     p_blocks = n * -(-settings.prompt_len // ClusterSpec.block_size) + 2
     results: list[PhaseResult] = []
-    progress.line(_header(settings))
+    progress.line(header(settings))
     t0 = time.monotonic()
     progress.line("starting a router, a prefill and a decode worker (lease policy)...")
     with Cluster(_spec(settings, "lease", p_blocks), log_dir=_sub(settings, "lease")) as cluster:
@@ -296,8 +312,16 @@ def run_demo(
             "the same " + surge,
         )
     traces["fixed"] = _trace_line(progress, cluster, "fixed")
+    turns = [
+        _turns(settings, progress, name, reads, traces)
+        for name, reads in (("4 turns", "verified"), ("5 turns", "gate-only"))
+        if settings.conversations > 0
+    ]
     progress.line("")
-    progress.table(*_table(results))
+    progress.table(*table(results))
+    if turns:
+        progress.line("")
+        progress.table(*turns_table(turns))
     progress.line(f"total {time.monotonic() - t0:.1f} s")
     if json_path is not None:
         Path(json_path).write_text(
@@ -309,20 +333,49 @@ def run_demo(
                         "lease_extension": settings.lease_extension,
                     },
                     "phases": [asdict(r) for r in results],
+                    "turns": [asdict(r) for r in turns],
                     "trace_check": traces,
                 },
                 indent=2,
             )
         )
-    return results
+    return results, turns
 
 
-def _header(settings: DemoSettings) -> str:
-    return (
-        f"leaseproto demo: kv_lease_duration {settings.kv_lease_duration:g} s, heartbeat "
-        f"every {settings.heartbeat_interval:g} s, lease extension "
-        f"{settings.lease_extension:g} s, device {settings.device}"
+def _turns(
+    settings: DemoSettings,
+    progress: DemoDisplay,
+    name: str,
+    reads: str,
+    traces: dict[str, dict[str, Any]],
+) -> TurnsResult:
+    """A multi-turn phase (:mod:`.demo_turns`) on its own workers; its verdict
+    comes after the traces are checked, since some of its figures are in them."""
+    result = TurnsResult(name, reads, ttl_s=settings.turn_ttl, stall_s=stall_s(settings))
+    how = (
+        "P heartbeats D's cached turns and uses a prefix only after D's OK"
+        if reads == "verified"
+        else "as vLLM 0.32: no heartbeats, only the time gate, the prefix used as read"
     )
+    progress.line(f"restarting the workers with --turn-reads {reads} ({how})...")
+    spec = turn_spec(settings, reads)
+    with Cluster(spec, log_dir=_sub(settings, f"turns-{reads}")) as cluster:
+        progress.line(
+            f"phase {name}: {settings.conversations} two-turn conversations, D's cached turns "
+            f"held {settings.turn_ttl:g} s; P stalls {result.stall_s:g} s on the first turn-2 "
+            "read the gate admits, the others queue behind it"
+        )
+        start = time.monotonic()
+        try:
+            converse(cluster, settings, result, progress)
+        finally:
+            progress.end_status()
+        result.seconds = time.monotonic() - start
+        report = traces[f"turns-{reads}"] = _trace_line(progress, cluster, f"{reads} turn-2")
+        trace_fates(cluster.traces, result, settings.turn_ttl)
+        result.violations_i14 = int(report.get("by_invariant", {}).get("I14", 0))
+    progress.verdict(turns_verdict(result))
+    return result
 
 
 def _trace_line(progress: DemoDisplay, cluster: Cluster, policy: str) -> dict[str, Any]:
@@ -342,61 +395,5 @@ def _trace_line(progress: DemoDisplay, cluster: Cluster, policy: str) -> dict[st
     return r
 
 
-def _verdict(r: PhaseResult, settings: DemoSettings) -> str:
-    if r.reclaim_bound_s is not None:
-        if r.reclaim_s is None:
-            return "no reclaim time measured (" + "; ".join(r.notes) + ")"
-        within = "within" if r.reclaim_s <= r.reclaim_bound_s else "OVER"
-        return (
-            f"P freed every block {r.reclaim_s:.2f} s after the kill ({within} the bound "
-            f"lease_extension + heartbeat_interval = {r.reclaim_bound_s:.2f} s); "
-            f"{r.blocks_leaked} blocks leaked"
-        )
-    waited = r.longest_wait_s / settings.kv_lease_duration
-    verified = (
-        f"; {r.verified_reads} reads used after P's OK (mean wait {r.verdict_wait_ms:.1f} ms "
-        f"after the READ), {r.recomputed} recomputed"
-        if r.verdict_wait_ms is not None
-        else f"; reads used unverified, {r.recomputed} recomputed"
-    )
-    return (
-        f"{r.identical}/{r.requests} outputs identical to the reference, {r.differing} "
-        f"different, {r.failed} failed; {r.leases_expired} leases expired, "
-        f"{r.late_transfers} late transfer notifications; longest wait "
-        f"{r.longest_wait_s:.1f} s ({waited:.1f} initial leases){verified}"
-    )
-
-
 def _sub(settings: DemoSettings, name: str) -> Path | None:
     return None if settings.log_dir is None else Path(settings.log_dir) / name
-
-
-def _table(results: list[PhaseResult]) -> tuple[list[str], list[list[str]], list[str]]:
-    """The summary table: its head, rows and notes."""
-    head = [
-        "phase",
-        "policy",
-        "requests",
-        "identical",
-        "expired",
-        "late\nxfers",
-        "reclaim\ns",
-        "bound\ns",
-        "leaked",
-    ]
-    rows = [
-        [
-            r.name,
-            r.policy,
-            str(r.requests),
-            "-" if r.name.startswith("2") else f"{r.identical}/{r.requests}",
-            str(r.leases_expired),
-            str(r.late_transfers),
-            "-" if r.reclaim_s is None else f"{r.reclaim_s:.2f}",
-            "-" if r.reclaim_bound_s is None else f"{r.reclaim_bound_s:.2f}",
-            str(r.blocks_leaked),
-        ]
-        for r in results
-    ]
-    notes = [f"  {r.name}: {note}" for r in results for note in r.notes]
-    return head, rows, notes
