@@ -98,13 +98,17 @@ def params(
     return parse(msg, TransferParams)
 
 
-def reads(agents: tuple[str, ...] = D_AGENTS, remaining: float = 2.0) -> tuple[Any, Any]:
+def reads(
+    agents: tuple[str, ...] = D_AGENTS, remaining: float = 2.0, p_tp: int = 2, **kw: Any
+) -> tuple[Any, Any]:
+    """``PrefixReads`` (``kw``: its options) tracking ``r1``'s prefix, and its backend."""
     backend = FakeBackend()
     pr = PrefixReads(
         backend,  # type: ignore[arg-type]
         CONFIG,
-        p_tp=2,
+        p_tp=p_tp,
         notes=DropLog(logging.getLogger("test")),
+        **kw,
     )
     pr.track("r1", params(remaining, agents), 7, now=0.0)
     return pr, backend
@@ -194,22 +198,8 @@ def test_I14_without_ok_the_prefix_is_recomputed(how: str) -> None:
     assert backend.staging.num_free == backend.staging.num_blocks
 
 
-def gate_only_reads(remaining: float = 2.0, **kw: Any) -> tuple[Any, Any]:
-    backend = FakeBackend()
-    pr = PrefixReads(
-        backend,  # type: ignore[arg-type]
-        CONFIG,
-        p_tp=1,
-        notes=DropLog(logging.getLogger("test")),
-        gate_only=True,
-        **kw,
-    )
-    pr.track("r1", params(remaining), 7, now=0.0)
-    return pr, backend
-
-
 def test_gate_only_reads_as_vllm_no_heartbeat_no_hello_no_verdict() -> None:
-    pr, backend = gate_only_reads()
+    pr, backend = reads(p_tp=1, gate_only=True)
     p = pr.get("r1")
     assert p is not None
     for now in (0.0, 0.6, 1.2):  # nothing renews D's lease, nobody is greeted
@@ -227,7 +217,7 @@ def test_gate_only_reads_as_vllm_no_heartbeat_no_hello_no_verdict() -> None:
 
 
 def test_gate_only_gate_refuses_without_telling_d() -> None:
-    pr, backend = gate_only_reads()
+    pr, backend = reads(p_tp=1, gate_only=True)
     p = pr.get("r1")
     assert p is not None
     pr.start(p, now=2.0 - CONFIG.safety_margin)  # now + margin reaches the deadline
@@ -236,16 +226,7 @@ def test_gate_only_gate_refuses_without_telling_d() -> None:
 
 
 def test_a_stall_at_the_gate_holds_the_read_and_its_heartbeats_then_posts_it() -> None:
-    backend = FakeBackend()
-    pr = PrefixReads(
-        backend,  # type: ignore[arg-type]
-        CONFIG,
-        p_tp=1,
-        notes=DropLog(logging.getLogger("test")),
-        stall_at_gate=3.0,
-        stalls=1,
-    )
-    pr.track("r1", params(), 7, now=0.0)
+    pr, backend = reads(p_tp=1, stall_at_gate=3.0, stalls=1)
     pr.track("r2", params(lease="turn-2"), 7, now=0.0)
     greet(pr)
     p1, p2 = pr.get("r1"), pr.get("r2")
