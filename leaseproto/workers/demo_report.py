@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .demo import DemoSettings, PhaseResult
+    from .demo_settings import DemoSettings, PhaseResult
     from .demo_turns import TurnsResult
 
 __all__ = ["header", "table", "turns_table", "turns_verdict", "verdict"]

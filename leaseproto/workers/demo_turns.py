@@ -41,7 +41,7 @@ from .cluster import Cluster, ClusterSpec
 from .demo_view import DemoDisplay, turns_status
 
 if TYPE_CHECKING:
-    from .demo import DemoSettings
+    from .demo_settings import DemoSettings
 
 __all__ = ["TurnsResult", "converse", "stall_s", "trace_fates", "turn_spec"]
 
