@@ -85,7 +85,8 @@ class Prefix:
     state: str = "waiting"
     #: the gate admitted the read (it is not asked again)
     admitted: bool = False
-    #: the READ is posted no earlier than this (an injected stall after the gate)
+    #: the injected stalls hit this read; its READ is posted no earlier than ``resume_at``
+    stalled: bool = False
     resume_at: float = 0.0
     reason: str = ""
     staging: list[int] = field(default_factory=list)
@@ -259,7 +260,7 @@ class PrefixReads:
                 p.verdicts_due.add(rank.agent)
         p.ok_from = sorted(p.verdicts_due)
         p.state = "reading"
-        if self.stall > 0 and self._stall_hits():
+        if self.stall > 0 and p.stalled:
             log.warning(
                 "req %s: stalling %g s after the prefix READ (injected)", p.req_id, self.stall
             )
@@ -281,7 +282,8 @@ class PrefixReads:
                 self.lose(p, "lost", f"D's agents did not answer {wire.CAPABILITY} in {wait:g} s")
             return False
         p.admitted = True
-        if self.stall_at_gate > 0 and self._stall_hits():
+        p.stalled = (self.stall > 0 or self.stall_at_gate > 0) and self._stall_hits()
+        if self.stall_at_gate > 0 and p.stalled:
             p.resume_at = now + self.stall_at_gate
             self.tracker.untrack(p.req_id)  # P stops working on it: no heartbeat either
             self.backend.trace.emit(
@@ -297,7 +299,7 @@ class PrefixReads:
         return True
 
     def _stall_hits(self) -> bool:
-        """Whether an injected stall hits this read (``stalls`` counts them down)."""
+        """Whether the injected stalls hit the read admitted now (``stalls`` counts down)."""
         if self.stalls_left is None:
             return True
         if self.stalls_left <= 0:
