@@ -146,10 +146,13 @@ def test_a_gate_only_reader_is_flagged_only_where_the_read_was_stale(tmp_path: P
         {"ev": "read", "t": 103.1, "to": D, "data": "b:1"},
         {"ev": "use", "t": 103.2, "req": "b2", "kind": "prefix", "remote": "b", "ok_from": []},
     ]
-    d[-1:-1] = [
+    d[-1:-1] = [  # (D answers NK: this P greeted it in the run the fixture mirrors)
         {"ev": "recv", "t": 103.3, "src": P, "data": "b:1"},
         {"ev": "handle", "t": 103.3, "now": 103.3, "src": P, "data": "b:1"},
+        {"ev": "send", "t": 103.3, "to": P, "data": "NK:expired:b", "ok": True},
     ]
-    first = check_files(_write(tmp_path, d, p)).first()
+    report = check_files(_write(tmp_path, d, p))
+    first = report.first()
     assert first is not None and first.invariant == "I14"
     assert "ended when D handled its transfer-done" in first.message, first.message
+    assert report.as_dict()["by_invariant"] == {"I14": 1}  # what the demo's table shows
