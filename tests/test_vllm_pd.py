@@ -83,6 +83,47 @@ def test_leaseproto_pair_serves_no_completion_from_freed_blocks(tmp_path: Path) 
     assert trace["leases"] > 0 and trace["uses"] > 0, trace
 
 
+def test_leaseproto_pair_two_turns_equal_one_instance(tmp_path: Path) -> None:
+    """Bidirectional mode on real engines: turn 1 prefilled on P and decoded on D, which
+    keeps its KV; turn 2 (the conversation so far and new tokens) prefilled on P on top
+    of the prefix P read from D, verified by D's OK (I14), then decoded on D. Both turns
+    equal one instance serving the same tokens, and check-trace finds no violation."""
+    out = tmp_path / "turns.json"
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "vllm_pd.py"),
+            "--two-turn",
+            "--pairs",
+            "leaseproto",
+            "--conversations",
+            "2",
+            "--max-tokens",
+            "60",
+            "--workdir",
+            str(tmp_path),
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    res = json.loads(out.read_text())["leaseproto"]
+    rows = res["conversations"]
+    assert len(rows) == 2
+    for row in rows:
+        assert row["turn1_identical"] and row["turn2_identical"], row
+        assert row["d_returned_blocks"], row  # D kept turn 1 and said where
+        # P read turn 2's prefix from D and used it only after D's OK
+        assert row["p_counters"].get("vllm:leaseproto_reads_verified", 0) >= 1, row
+    trace = res["trace"]
+    assert trace is not None and trace["violations"] == 0, trace["violation_list"]
+    assert trace["uses"] > 0, trace
+
+
 def _group(pgid: int) -> list[int]:
     """The live processes of process group ``pgid`` (zombies excluded)."""
     out = []
