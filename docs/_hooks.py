@@ -39,6 +39,7 @@ API: dict[str, tuple[str, tuple[str, ...]]] = {
             "leaseproto.core.table",
             "leaseproto.core.tracker",
             "leaseproto.core.clock",
+            "leaseproto.core.push",
             "leaseproto.core.wire",
             "leaseproto.core.peer",
             "leaseproto.core.events",
