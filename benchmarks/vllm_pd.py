@@ -355,8 +355,11 @@ def run_pair(name: str, model: Path, logs: Path, n: int, max_tokens: int) -> dic
     return rows
 
 
-def run_two_turns(name: str, model: Path, logs: Path, n: int, max_tokens: int) -> dict[str, Any]:
-    """``n`` two-turn conversations on a pair in bidirectional mode (:mod:`_vllm_turns`)."""
+def run_two_turns(
+    name: str, model: Path, logs: Path, n: int, max_tokens: int, *, first: int = 0
+) -> dict[str, Any]:
+    """``n`` two-turn conversations on a pair in bidirectional mode (:mod:`_vllm_turns`),
+    the conversations ``first`` to ``first + n - 1`` (each number is its prompts)."""
     p_conn, d_conn = PAIRS[name]
     tag = name.replace(" ", "_").replace("+", "") + "-2turn"
     traces = logs / f"{tag}-traces"
@@ -366,7 +369,7 @@ def run_two_turns(name: str, model: Path, logs: Path, n: int, max_tokens: int) -
     try:
         p.wait_up()
         d.wait_up()
-        for i in range(n):
+        for i in range(first, first + n):
             t1, t2 = tokens(p.port, prompt(i, 60)), tokens(p.port, prompt(100 + i, 20))
             before = {side: metrics(s.port) for side, s in (("p", p), ("d", d))}
             try:
@@ -453,13 +456,18 @@ def main() -> None:
         "--two-turn", action="store_true", help="only two-turn conversations (bidirectional)"
     )
     ap.add_argument("--conversations", type=int, default=4, help="two-turn conversations per pair")
+    ap.add_argument(
+        "--first-conversation", type=int, default=0, help="number of the first conversation"
+    )
     args = ap.parse_args()
     die_with_parent()  # and each server with this process (_reaper)
     if args.two_turn:
         work = args.workdir or Path(tempfile.mkdtemp(prefix="vllm_pd-"))
         model = build_tiny_model(work / "tiny-qwen3")
         turns = {
-            n: run_two_turns(n, model, work, args.conversations, args.max_tokens)
+            n: run_two_turns(
+                n, model, work, args.conversations, args.max_tokens, first=args.first_conversation
+            )
             for n in args.pairs
         }
         print(f"kv_lease_duration {LEASE} s, bidirectional_kv_xfer; {machine()}")
