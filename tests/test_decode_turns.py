@@ -15,10 +15,10 @@ pytest.importorskip("prometheus_client")
 
 from leaseproto import LeaseConfig
 from leaseproto.core import wire
+from leaseproto.toymodel.tiny_decoder import TinyDecoder
 from leaseproto.workers.decode_state import DecodeOptions, Req, hello
 from leaseproto.workers.decode_turns import TurnGrants, for_grantor
 from leaseproto.workers.messages import RankParams
-from leaseproto.workers.model import TinyDecoder
 from leaseproto.workers.notifications import DropLog, NotificationGate
 
 P_AGENT = "prefill-engine-r0-aaaaaa"
