@@ -5,10 +5,12 @@ processes built on the adapters, serving the toy model
 - prefill (:mod:`.prefill`): its leases (:mod:`.prefill_leases`), the readers
   they are bound to (:mod:`.prefill_binding`), its reads of D's cached turns
   (:mod:`.prefill_prefix`);
-- decode (:mod:`.decode`, which walks one request's path through D): the
-  leases it holds at P (:mod:`.decode_leases`), which P agents it verifies
-  (:mod:`.decode_verification`), its reads of P (:mod:`.decode_reads`), the
-  cached turns it grants (:mod:`.decode_turns`), ranks 1.. (:mod:`.decode_follower`);
+- decode rank 0 (:mod:`.decode`), built from parts: the leases it holds at P
+  (:mod:`.decode_leases`), which P agents it verifies
+  (:mod:`.decode_verification`), its reads of P (:mod:`.decode_reads`), its
+  links to ranks 1.. (:mod:`.decode_fanout`), the cached turns it grants
+  (:mod:`.decode_turns`); one request's path through them is walked in
+  :mod:`.decode_scheduler`. Ranks 1.. are :mod:`.decode_follower`;
 - router (:mod:`.router`, conversations in :mod:`.conversations`);
 - shared: the loop (:mod:`.loop`), one rank's NIXL, KV pool and model
   (:mod:`.backend`), the request plane (:mod:`.plane`, :mod:`.messages`), the
