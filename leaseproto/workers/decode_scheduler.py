@@ -203,7 +203,7 @@ class DecodeScheduler:
             (granted if for_grantor(payload) else mine).append((sender, payload))
         for sender, payload in mine:
             self._notification(sender, payload)
-        if granted or len(self.turns.table) or self.turns.inbox:  # D holds cached turns
+        if granted or self.turns.busy():  # D holds cached turns
             self.turns.grant_step(granted)
         self.out.drops.flush()
 
