@@ -1,16 +1,8 @@
 """One request's path through decode rank 0, in one place:
-:class:`DecodeScheduler`, which owns the requests (the waiting queue, the
-running set, the index by P's id) and moves each one through the parts of the
-worker (:class:`~leaseproto.workers.decode.DecodeWorker`), each of which owns
-its own state and is passed what it needs: ``leases``
-(:class:`~.decode_leases.PLeases`: the P engines, the heartbeat tracker),
-``verification`` (:class:`~.decode_verification.Verification`: the P agents
-whose reads it verifies, their handshake), ``reads``
-(:class:`~.decode_reads.PReads`: the READs and their verdicts), ``followers``
-(:class:`~.decode_fanout.Followers`: ranks 1..) and ``turns``
-(:class:`~.decode_turns.TurnGrants`: cached turns under D's own leases). The
-parts decide and count (:class:`~.decode_state.Reporting`); the scheduler
-moves the request. One loop turn is :meth:`DecodeScheduler.advance`.
+:class:`DecodeScheduler` owns the requests (the waiting queue, the running
+set, the index by P's id) and moves each through the parts of the worker
+(:mod:`.decode`), which decide, count and keep their own state. One loop turn
+is :meth:`DecodeScheduler.advance`.
 
 1. **arrival** (:meth:`~DecodeScheduler.intake`): parsed and checked
    (``Req.from_msg``, the prompt, the cluster key); refused if it contradicts a
@@ -131,6 +123,8 @@ class DecodeScheduler:
 
     # -- 1. arrival -----------------------------------------------------------------------
     def intake(self, envelope: list[bytes], msg: Msg) -> None:
+        """A ``decode`` request: refused with the reason, failed over, or queued
+        and heartbeated from now on."""
         try:
             req = Req.from_msg(envelope, msg, now=self._clock(), block_size=self.opts.block_size)
             problem = self.backend.check_prompt(req.prompt, req.max_tokens, req.first_token)
@@ -192,6 +186,8 @@ class DecodeScheduler:
 
     # -- 2. heartbeats, and what P and ranks 1.. say --------------------------------------
     def lease_step(self) -> None:
+        """Lost P peers, due heartbeats and hellos; then what came in over NIXL:
+        P's answers (here) and the acts for D's cached turns (``turns``)."""
         now = self._clock()
         for agent, reason in self.backend.take_lost_peers():
             self._engines_lost(self.leases.peer_lost(agent, reason))
@@ -233,6 +229,8 @@ class DecodeScheduler:
             self._kv_lost(req, f"LL: lease {reason} before the read")
 
     def from_follower(self, rank: int, msg: Msg | None) -> None:
+        """What rank ``rank`` said (None: its connection dropped): a shard, a
+        failed read, or what a P agent told it."""
         if msg is None:
             log.error("decode rank %d disconnected: requests reading through it fail over", rank)
             for r in list(self.running.values()):
@@ -269,6 +267,8 @@ class DecodeScheduler:
 
     # -- 3. hello, then READ per rank -----------------------------------------------------
     def schedule(self) -> None:
+        """Waiting requests into the running set, oldest first, while there is
+        room and blocks: each reads P's KV, or recomputes it."""
         for req in list(self.waiting):
             if len(self.running) >= self.opts.max_running:
                 return
@@ -298,6 +298,7 @@ class DecodeScheduler:
 
     # -- 4. verdicts ----------------------------------------------------------------------
     def reads_progress(self) -> None:
+        """Each running request's READs and verdicts: failed, done, overdue."""
         now = self._clock()
         for req in list(self.running.values()):
             if req.state == "verifying":
