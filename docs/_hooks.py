@@ -51,11 +51,14 @@ API: dict[str, tuple[str, tuple[str, ...]]] = {
     "api/workers.md": (
         "leaseproto.workers",
         (
-            "leaseproto.workers.cluster",
             "leaseproto.workers.messages",
             "leaseproto.workers.plane",
             "leaseproto.workers.metrics",
         ),
+    ),
+    "api/harness.md": (
+        "leaseproto.harness",
+        ("leaseproto.harness.cluster", "leaseproto.harness.client"),
     ),
     "api/sim.md": ("leaseproto.sim", ("leaseproto.sim",)),
     "api/scenarios.md": (

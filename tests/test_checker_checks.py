@@ -245,7 +245,7 @@ def test_the_checker_drives_the_workers_decisions(monkeypatch: pytest.MonkeyPatc
     workers call them too: one implementation."""
     import inspect
 
-    from leaseproto.workers import decode_follower, decode_reads, prefill_leases
+    from leaseproto.workers import decode_follower, decode_leases, decode_reads, prefill_leases
 
     calls: dict[str, int] = {}
     for name in ("transfer_done", "take_verdict", "lease_lost_answers", "readers_per_p_rank"):
@@ -269,11 +269,8 @@ def test_the_checker_drives_the_workers_decisions(monkeypatch: pytest.MonkeyPatc
             "verdicts.lease_lost_answers",
             "verdicts.answer",
         ),
-        decode_reads: (
-            "verdicts.take_verdict",
-            "verdicts.readers_per_p_rank",
-            "verdicts.lease_lost_gives_up",
-        ),
+        decode_reads: ("verdicts.take_verdict", "verdicts.readers_per_p_rank"),
+        decode_leases: ("verdicts.lease_lost_gives_up",),
         decode_follower: ("verdicts.take_verdict",),
     }
     for module, names in uses.items():

@@ -14,11 +14,12 @@ import pytest
 
 pyte = pytest.importorskip("pyte")
 pytest.importorskip("rich")
-pytest.importorskip("zmq")  # leaseproto.workers.demo imports the cluster and its client
+pytest.importorskip("zmq")  # leaseproto.demo.run imports the cluster and its client
 
-from leaseproto.workers import demo, demo_report  # noqa: E402
-from leaseproto.workers.demo_turns import TurnsResult  # noqa: E402
-from leaseproto.workers.demo_view import DemoDisplay, surge_status, turns_status, wrap  # noqa: E402
+from leaseproto.demo import run as demo  # noqa: E402
+from leaseproto.demo import summary as demo_report  # noqa: E402
+from leaseproto.demo.turns import TurnsResult  # noqa: E402
+from leaseproto.demo.view import DemoDisplay, surge_status, turns_status, wrap  # noqa: E402
 
 COLUMNS = 80
 

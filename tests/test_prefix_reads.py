@@ -16,8 +16,8 @@ pytest.importorskip("msgspec")
 from leaseproto import LeaseConfig
 from leaseproto.adapters.xfer import Transfer
 from leaseproto.core import wire
+from leaseproto.toymodel.tiny_decoder import TinyDecoder
 from leaseproto.workers.messages import TransferParams, parse
-from leaseproto.workers.model import TinyDecoder
 from leaseproto.workers.notifications import DropLog
 from leaseproto.workers.prefill_prefix import PrefixReads
 

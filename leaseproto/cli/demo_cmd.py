@@ -1,7 +1,7 @@
 """``leaseproto demo``: the main job. Real prefill, decode and router processes
 on loopback, a surge, a decode crash, the same surge under a fixed timeout,
 and two-turn conversations read verified and gate-only, with the figures
-measured on this machine (see :mod:`leaseproto.workers.demo`)."""
+measured on this machine (see :mod:`leaseproto.demo.run`)."""
 
 from __future__ import annotations
 
@@ -100,7 +100,7 @@ def _problem(args: argparse.Namespace, prompt_len: int) -> str | None:
     settings (the rules of :class:`~leaseproto.LeaseConfig`), the device on this
     machine, a request longer than the model."""
     from ..core.config import LeaseConfig  # noqa: PLC0415
-    from ..workers.model import ModelConfig  # noqa: PLC0415
+    from ..toymodel.tiny_decoder import ModelConfig  # noqa: PLC0415
 
     try:
         LeaseConfig(args.kv_lease_duration)
@@ -117,8 +117,8 @@ def _problem(args: argparse.Namespace, prompt_len: int) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        from ..workers.cluster import TraceViolation  # noqa: PLC0415
-        from ..workers.demo import DemoSettings, run_demo  # noqa: PLC0415
+        from ..demo.run import DemoSettings, run_demo  # noqa: PLC0415
+        from ..harness.cluster import TraceViolation  # noqa: PLC0415
     except ImportError as exc:
         return fail(
             "demo",

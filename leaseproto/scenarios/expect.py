@@ -7,7 +7,7 @@ from dataclasses import asdict
 from typing import Any
 
 from .format import Op, ScenarioError
-from .world import TOL, Rank, World
+from .replay_state import TOL, Rank, World
 
 __all__ = ["check"]
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from ..core.clock import DEFAULT_CLOCK_DRIFT, ClockOffset
 from .format import Op, ScenarioError
-from .world import Rank, World, fmt
+from .replay_state import Rank, World, fmt
 
 __all__ = ["Reads"]
 

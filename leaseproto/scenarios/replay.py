@@ -25,7 +25,7 @@ from ..core.tracker import HeartbeatTracker
 from .expect import check
 from .format import Op, Scenario, ScenarioError, parse_scenario
 from .reads import Reads
-from .world import TOL, Event, Rank, ReplayResult, World, fmt, show
+from .replay_state import TOL, Event, Rank, ReplayResult, World, fmt, show
 
 __all__ = ["Event", "ReplayResult", "replay", "replay_text"]
 

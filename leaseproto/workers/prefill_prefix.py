@@ -14,8 +14,8 @@ verdicts). When the request reaches the head of P's queue:
    anchored at P's receipt, its uncertainty grows with age (drift); a read
    that could not finish ``safety_margin`` before the deadline is skipped;
 2. **read**: every head of the prefix's blocks from D into P's staging pool
-   (each P rank computes every head, :mod:`.model`), the transfer-done
-   ``<D's id>:<P tp>`` attached; heartbeats stop when it is done;
+   (each P rank computes every head, :mod:`leaseproto.toymodel`), the
+   transfer-done ``<D's id>:<P tp>`` attached; heartbeats stop when it is done;
 3. **fence** (I14): the prefix is used only after ``OK`` from every D agent
    read. ``NK``, an ``LL`` before the read, a failed READ, no verdict within
    ``verdict_wait``, or the gate → the prefix is recomputed (counted by

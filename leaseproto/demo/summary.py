@@ -1,5 +1,5 @@
 """The texts ``leaseproto demo`` prints about its results: the header, each
-phase's verdict and the summary tables (drawn by :mod:`.demo_view`)."""
+phase's verdict and the summary tables (drawn by :mod:`.view`)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .demo_settings import DemoSettings, PhaseResult
-    from .demo_turns import TurnsResult
+    from .settings import DemoSettings, PhaseResult
+    from .turns import TurnsResult
 
 __all__ = ["header", "table", "turns_table", "turns_verdict", "verdict"]
 

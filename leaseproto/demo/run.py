@@ -14,7 +14,7 @@ process, KV moved by NIXL READs) on a compressed timescale, and runs:
    no renewals, no NACK; what a naive deployment does). Expected: leases
    expire while requests wait, P sees late transfer notifications, and some
    outputs differ from the reference (D read blocks P had freed and reused).
-4. **turns, verified** and 5. **turns, gate-only** (:mod:`.demo_turns`): two-turn
+4. **turns, verified** and 5. **turns, gate-only** (:mod:`.turns`): two-turn
    conversations whose turn 2 reaches P's read later than D's cached lease,
    queued behind a read the gate admitted and P then stalled on past D's
    deadline while D reused the blocks. Expected: ours keeps the queued turns'
@@ -36,17 +36,17 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TextIO
 
-from .cluster import Cluster, ClusterSpec
-from .demo_report import header, table, turns_table, turns_verdict, verdict
-from .demo_settings import DemoSettings, PhaseResult
-from .demo_turns import TurnsResult, converse, stall_s, trace_fates, turn_spec
-from .demo_view import DemoDisplay, surge_status
+from ..harness.cluster import Cluster, ClusterSpec
+from .settings import DemoSettings, PhaseResult
+from .summary import header, table, turns_table, turns_verdict, verdict
+from .turns import TurnsResult, converse, stall_s, trace_fates, turn_spec
+from .view import DemoDisplay, surge_status
 
 __all__ = ["DemoSettings", "PhaseResult", "run_demo"]
 
 
 def _prompts(settings: DemoSettings, n: int, salt: int) -> list[list[int]]:
-    from .backend import vocab_size  # noqa: PLC0415 - torch, on use
+    from ..workers.backend import vocab_size  # noqa: PLC0415 - torch, on use
 
     rng = random.Random(settings.seed * 1000 + salt)
     v = vocab_size()
@@ -203,7 +203,7 @@ def _crash(
 def run_demo(
     settings: DemoSettings, *, out: TextIO = sys.stdout, json_path: str | None = None
 ) -> tuple[list[PhaseResult], list[TurnsResult]]:
-    from .backend import reference_tokens  # noqa: PLC0415 - torch, on use
+    from ..workers.backend import reference_tokens  # noqa: PLC0415 - torch, on use
 
     progress = DemoDisplay(out)
 
@@ -289,7 +289,7 @@ def _turns(
     reads: str,
     traces: dict[str, dict[str, Any]],
 ) -> TurnsResult:
-    """A multi-turn phase (:mod:`.demo_turns`) on its own workers; its verdict
+    """A multi-turn phase (:mod:`.turns`) on its own workers; its verdict
     comes after the traces are checked, since some of its figures are in them."""
     result = TurnsResult(name, reads, ttl_s=settings.turn_ttl, stall_s=stall_s(settings))
     how = (

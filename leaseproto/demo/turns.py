@@ -37,11 +37,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .cluster import Cluster, ClusterSpec
-from .demo_view import DemoDisplay, turns_status
+from ..harness.cluster import Cluster, ClusterSpec
+from .view import DemoDisplay, turns_status
 
 if TYPE_CHECKING:
-    from .demo_settings import DemoSettings
+    from .settings import DemoSettings
 
 __all__ = ["TurnsResult", "converse", "stall_s", "trace_fates", "turn_spec"]
 
@@ -141,7 +141,7 @@ def converse(
     cluster: Cluster, settings: DemoSettings, result: TurnsResult, progress: DemoDisplay
 ) -> None:
     """Run the schedule (the module's docstring) and count the answers."""
-    from .backend import reference_tokens, vocab_size  # noqa: PLC0415 - torch, on use
+    from ..workers.backend import reference_tokens, vocab_size  # noqa: PLC0415 - torch, on use
 
     n = settings.conversations
     _, filler, fillers = _sizes(settings)

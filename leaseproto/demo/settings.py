@@ -1,6 +1,6 @@
 """What ``leaseproto demo`` runs with (:class:`DemoSettings`) and what it measures
 in each of its first three phases (:class:`PhaseResult`); the multi-turn phases'
-figures are :class:`~.demo_turns.TurnsResult`."""
+figures are :class:`~.turns.TurnsResult`."""
 
 from __future__ import annotations
 
