@@ -55,9 +55,19 @@ def trace_dir(extra: Any) -> Path | None:
 
 
 def open_connector_trace(
-    extra: Any, *, producer: bool, engine: str, rank: int, tp: int, agent: str, config: LeaseConfig
+    extra: Any,
+    *,
+    producer: bool,
+    engine: str,
+    rank: int,
+    tp: int,
+    agent: str,
+    config: LeaseConfig,
+    trace_config: dict[str, Any] | None = None,
 ) -> NoTrace:
     """This worker's trace in ``trace_dir`` (created), or NO_TRACE without one.
+    ``trace_config``: settings beside ``config`` the header's ``config`` carries
+    (push mode: ``push_registration_timeout``, the initial lease of D's grants).
 
     Raises:
         ValueError: ``trace_dir`` is not a string.
@@ -79,6 +89,7 @@ def open_connector_trace(
         agent=agent,
         config=config,
         policy="lease",
+        **({"config": {**config.as_dict(), **trace_config}} if trace_config else {}),
         verify_reads=True,
         connector="LeaseprotoConnector",
     )
