@@ -10,7 +10,8 @@ one run and checks:
   I13's verdict rule);
 * the network (§3.1: the transport may reorder, delay and lose, never invent):
   every notification a traced agent received from a traced agent was sent by
-  it (a ``send``, or the transfer-done of a ``read``), at most once per send
+  it (a ``send``, the transfer-done of a ``read``, or the completion of a push
+  mode ``write``), at most once per send
   and, on one host (the same boot id, so one monotonic clock), not before it
   was sent. Senders without a trace (a test's injector) are counted, not
   checked;
@@ -184,7 +185,7 @@ def _sends(
     for tf in traces:
         for e in tf.events:
             # a send the endpoint reported failed may still have left (a NIXL error after it)
-            if e.ev in ("read", "send"):
+            if e.ev in ("read", "send", "write"):
                 if "to" not in e.obj:
                     report.violations.append(Violation("format", e, f"a {e.ev} event without to"))
                     continue

@@ -288,7 +288,7 @@ class LeaseWorker:
                 self._hello(engine_id)  # sealed heartbeats wait for P's answer to it
             payloads = self._encode_heartbeat(info.req_ids, max_bytes)
             for agent in self._remote_agents[engine_id].values():
-                self._before_heartbeat(agent)
+                self._before_heartbeat(engine_id, agent)
                 for payload in payloads:
                     try:
                         self.nixl_wrapper.send_notif(agent, notif_msg=payload)
@@ -301,8 +301,9 @@ class LeaseWorker:
                             "Failed to send heartbeat to engine %s", engine_id, exc_info=True
                         )
 
-    def _before_heartbeat(self, agent: str | bytes) -> None:
-        """Called before each heartbeat to ``agent`` (push mode's P greets D)."""
+    def _before_heartbeat(self, engine: str, agent: str | bytes) -> None:
+        """Called before each heartbeat to ``agent`` of ``engine`` (push mode's P
+        names its capability)."""
 
     def _unsent(self, agent: str) -> None:
         """A notification to ``agent`` could not be sent (push mode's D forgets it)."""
