@@ -89,7 +89,7 @@ def open_connector_trace(
         agent=agent,
         config=config,
         policy="lease",
-        **({"config": {**config.as_dict(), **trace_config}} if trace_config else {}),
+        more_config=trace_config,
         verify_reads=True,
         connector="LeaseprotoConnector",
     )
