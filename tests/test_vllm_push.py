@@ -360,3 +360,26 @@ def test_p_keeps_its_blocks_while_its_write_runs(
         state["s"] = "DONE"
         clock["t"] += 1.0
         assert P_ID in pair.p_step()
+
+
+def test_an_abort_on_d_ends_the_registration_and_p_writes_nothing(
+    clock: dict[str, float], writes: list[dict[str, Any]]
+) -> None:
+    """D's request ends while its registration waits (the client left): vLLM
+    keeps D's blocks until the receive is reported. The registration ends at
+    once; P hears LL:aborted at its next heartbeat, gives it up (AB:), and D
+    reports the receive (failed), so vLLM frees the blocks; P never writes.
+    Stock vLLM holds D's blocks until P's WRITE lands."""
+    from vllm.v1.request import RequestStatus
+
+    pair = _registered(clock)
+    _steps(pair, 1.0)
+    request = pair.requests[D_ID]
+    request.status = RequestStatus.FINISHED_ABORTED
+    pair.d_sched.request_finished(request, ([3, 4],))
+    _done, failed = _steps(pair, 3.0)
+    assert failed == {D_ID}
+    assert worker_stat(pair.p, "lp_push_lease_lost") == 1
+    pair.p_prefill_done(p_request())
+    pair.p_step()
+    assert writes == []

@@ -205,14 +205,17 @@ class Pair:
     p_sched: Any
     p: Any
     clock: dict[str, float]
-    finished: list[Any] = field(default_factory=list)
+    #: requests as each side holds them, by id (vLLM's code changes their parameters)
+    requests: dict[str, Any] = field(default_factory=dict)
 
     def p_admits(self, request: Any) -> None:
         """The request enters P's queue (the proxy sends it to P and D at once)."""
+        self.requests[request.request_id] = request
         self.p_sched.on_new_request(request)
 
     def d_admits(self, request: Any) -> None:
         """The request enters D's queue and D allocates its blocks: the registration."""
+        self.requests[request.request_id] = request
         self.d_sched.on_new_request(request)
         self.d_sched.update_state_after_alloc(request, Blocks(([3, 4],)), num_external_tokens=32)
 

@@ -13,6 +13,10 @@ vLLM's push scheduler, with:
 - P's news for its worker (:data:`ALIVE_ATTR`): which of its requests it holds
   (from ``on_new_request`` until the request ends or its blocks are freed),
   so that the worker heartbeats a registration only while P holds its request.
+- D's news for its worker (:data:`ABORTED_ATTR`): requests that ended while
+  their registration still waited for P's WRITE (vLLM keeps their blocks until
+  the receive is reported), so that the worker can end the registration and
+  tell a leaseproto P (``LL:`` in answer to its next heartbeat).
 """
 
 from __future__ import annotations
@@ -26,10 +30,12 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_scheduler import (
 from .push import registration_advert
 from .tracking import PARAMS_KEY, HeartbeatTracking
 
-__all__ = ["ALIVE_ATTR", "LeaseprotoPushConnectorScheduler"]
+__all__ = ["ABORTED_ATTR", "ALIVE_ATTR", "LeaseprotoPushConnectorScheduler"]
 
 #: Metadata attribute: P request id -> held by the scheduler (True) or let go (False).
 ALIVE_ATTR = "leaseproto_push_alive"
+#: Metadata attribute: D's requests that ended while their registration waited.
+ABORTED_ATTR = "leaseproto_push_aborted"
 
 
 class LeaseprotoPushConnectorScheduler(HeartbeatTracking, NixlPushConnectorScheduler):  # type: ignore[misc]
@@ -41,6 +47,15 @@ class LeaseprotoPushConnectorScheduler(HeartbeatTracking, NixlPushConnectorSched
 
     def _alive(self) -> dict[str, bool]:
         out: dict[str, bool] = self.__dict__.setdefault("_lp_alive", {})
+        return out
+
+    def _waiting(self) -> set[str]:
+        """D requests registered whose receive has not been reported yet."""
+        out: set[str] = self.__dict__.setdefault("_lp_waiting", set())
+        return out
+
+    def _aborted(self) -> set[str]:
+        out: set[str] = self.__dict__.setdefault("_lp_aborted", set())
         return out
 
     def _held(self) -> set[str]:
@@ -67,6 +82,7 @@ class LeaseprotoPushConnectorScheduler(HeartbeatTracking, NixlPushConnectorSched
         if reg is not None and PARAMS_KEY not in reg:
             ttl = self.__dict__.get("_push_registration_timeout", 480.0)
             reg[PARAMS_KEY] = registration_advert(self._advert(), ttl)
+            self._waiting().add(request.request_id)
 
     def build_connector_meta(self, scheduler_output: Any) -> Any:
         self._quiet()
@@ -76,16 +92,22 @@ class LeaseprotoPushConnectorScheduler(HeartbeatTracking, NixlPushConnectorSched
             self._loud()
         for rid in meta.push_registrations:  # shipped: the worker's lease holds it now
             self._push_registration_deadlines.pop(rid, None)
-        alive = self._alive()
+        alive, aborted = self._alive(), self._aborted()
         if alive:
             setattr(meta, ALIVE_ATTR, dict(alive))
             alive.clear()
+        if aborted:
+            setattr(meta, ABORTED_ATTR, set(aborted))
+            aborted.clear()
         self._ship_heartbeats(meta)
         return meta
 
     def request_finished(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
         delay, params = super().request_finished(request, block_ids)
         rid = request.request_id
+        if rid in self._waiting():  # D: it ended while its registration waited
+            self._waiting().discard(rid)
+            self._aborted().add(rid)
         if request.kv_transfer_params and request.kv_transfer_params.get("do_remote_decode"):
             if delay:
                 self._held().add(rid)  # P: let go once its blocks are freed
@@ -95,6 +117,7 @@ class LeaseprotoPushConnectorScheduler(HeartbeatTracking, NixlPushConnectorSched
 
     def update_connector_output(self, connector_output: Any) -> None:
         super().update_connector_output(connector_output)
+        self._waiting().difference_update(connector_output.finished_recving or ())
         held = self._held()
         for rid in connector_output.finished_sending or ():
             if rid in held:

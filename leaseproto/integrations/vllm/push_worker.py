@@ -42,7 +42,7 @@ from leaseproto import HeartbeatTracker, LocalProtocolError, wire
 
 from .push import PushRouter, PushWrites, Registrations, registration_ttl
 from .push_notifications import PushNotifications
-from .push_scheduler import ALIVE_ATTR
+from .push_scheduler import ABORTED_ATTR, ALIVE_ATTR
 from .trace import TracedNixl
 from .verify import agent_name
 from .worker_base import LeaseWorker, extra_of
@@ -76,6 +76,8 @@ class LeaseprotoPushConnectorWorker(PushNotifications, LeaseWorker, NixlPushConn
             trace_config={"push_registration_timeout": float(ttl)},
         )
         self.__dict__["_lp_route"] = True  # the writer's polls go through our router
+        self._writes()  # built here, not by whichever thread asks first
+        _ = self.nixl_wrapper
 
     # -- state (also on workers built with object.__new__, as vLLM's tests do) ------------------
     def _writes(self) -> PushWrites:
@@ -156,6 +158,22 @@ class LeaseprotoPushConnectorWorker(PushNotifications, LeaseWorker, NixlPushConn
             return  # vLLM sends nothing from this rank
         for d_id, reg in regs.items():
             self._grant_registration(d_id, reg)
+        for d_id in getattr(metadata, ABORTED_ATTR, ()):
+            self._aborted_here(d_id)
+
+    def _aborted_here(self, d_id: str) -> None:
+        """D: the request ended while its registration waited. With a leaseproto
+        P the registration ends now (P hears ``LL:`` at its next heartbeat and
+        says ``AB:`` unless its WRITE is running); a stock P may still write, so
+        its registration runs on to the watchdog as in vLLM."""
+        regs = self._registrations()
+        engine = regs.engine(d_id)
+        lp = self._leases()
+        if engine is None or engine not in regs.peer_engines or d_id not in lp.table:
+            return
+        release = lp.abort(d_id)
+        if release is not None:
+            self._registration_ended(release, why="the request ended on the decoder")
 
     def _grant_registration(self, d_id: str, reg: dict[str, Any]) -> None:
         """D: the registration vLLM's writer is about to send is a lease in our table."""
@@ -226,7 +244,10 @@ class LeaseprotoPushConnectorWorker(PushNotifications, LeaseWorker, NixlPushConn
             held = self._writes().held
             infos = {}
             for engine, ids in due.items():
-                reg = next(held[i] for i in ids if i in held)
+                regs = [held[i] for i in ids if i in held]
+                if not regs:
+                    continue
+                reg = regs[0]
                 infos[engine] = HeartbeatInfo(
                     req_ids=set(ids), host=reg.host, port=reg.port, tp_size=reg.tp
                 )
