@@ -183,7 +183,16 @@ def main() -> None:
         name: run_pair(name, model, work, args.requests, args.max_tokens, timeout=args.timeout)
         for name in args.pairs
     }
-    header = ("pair", "requests", "identical", "no answer", "expired (P)", "used (D)", "failed (D)")
+    header = (
+        "pair",
+        "requests",
+        "identical",
+        "no answer",
+        "expired (P)",
+        "used (D)",
+        "failed (D)",
+        "renewals (P)",
+    )
     rows = [
         (
             name,
@@ -193,6 +202,7 @@ def main() -> None:
             r["expired_on_p"],
             r["pushed_used_d"],
             r["recv_failed_d"],
+            r["renewed_on_p"],
         )
         for name, r in results.items()
     ]
