@@ -155,3 +155,16 @@ def test_a_forwarded_heartbeat_does_not_revive_a_lapsed_lease(
     done: set[str] = set()
     w._reap_expired_send_leases(done)
     assert done == {"ra", "rb"}
+
+
+def test_a_receive_never_registered_here_takes_vllms_path() -> None:
+    """A completion, with its sender, for a receive vLLM tracks but that has no
+    registration lease of ours (none was granted here) is counted by vLLM's own
+    code, as without the connector."""
+    w = push_worker(True, "D0", "d0", {"P0": {(0, 0): b"p0"}})
+    w._recving_metadata["r9"] = MagicMock(pp_size=1)
+    w.nixl_wrapper.deliver("p0", b"r9:1")
+    for notifs in w.nixl_wrapper.get_new_notifs().values():  # the writer's poll: our router
+        assert notifs == []
+    assert w._get_new_notifs() == set()
+    assert "r9" in w._recving_transfers

@@ -51,6 +51,7 @@ class PushNotifications(NotificationHandling):
     _recving_metadata: dict[str, Any]
     _recving_transfers: dict[str, list[int]]
     _recv_failures: set[str]
+    _pending_completion_notifs: Any  # vLLM's queue of what its writer forwards
     world_size: int
 
     if TYPE_CHECKING:
@@ -152,8 +153,17 @@ class PushNotifications(NotificationHandling):
             self._completion(msg, agent, raw)
         elif isinstance(msg, wire.Abort) and self._registration_engine(msg.req_id):
             self._aborted_by_p(msg.req_id, agent, raw)
+        elif isinstance(msg, wire.TransferDone) and self._vllms_receive(msg.req_id):
+            self._pending_completion_notifs.put(raw)  # no registration of ours: vLLM's path
         else:
             super()._on_notification(agent, raw, done)
+
+    def _vllms_receive(self, req_id: str) -> bool:
+        """A receive vLLM tracks with no lease of ours for it (never registered here)."""
+        table = self._leases().table
+        return (
+            req_id in self._recving_metadata and req_id not in table and table.ended(req_id) is None
+        )
 
     def _write_verdict(self, msg: wire.Ok | wire.Nack, agent: str) -> None:
         """P: D's verdict on one of our WRITEs (what D does with it is D's)."""

@@ -40,7 +40,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_worker import (
 
 from leaseproto import HeartbeatTracker, LocalProtocolError, wire
 
-from .push import PushRouter, PushWrites, Registrations, registration_ttl
+from .push import PUSH_KIND, PushRouter, PushWrites, Registrations, registration_ttl
 from .push_notifications import PushNotifications
 from .push_scheduler import ABORTED_ATTR, ALIVE_ATTR
 from .trace import TracedNixl
@@ -71,7 +71,7 @@ class LeaseprotoPushConnectorWorker(PushNotifications, LeaseWorker, NixlPushConn
             vllm_config,
             engine_id,
             config,
-            grant_kind="push" if role == "kv_consumer" else "prefill",
+            grant_kind="prefill",  # P's; D's registrations are granted as kind push
             producer=role != "kv_consumer",
             trace_config={"push_registration_timeout": float(ttl)},
         )
@@ -187,8 +187,11 @@ class LeaseprotoPushConnectorWorker(PushNotifications, LeaseWorker, NixlPushConn
         tp = int(reg.get("remote_tp_size", 1))
         writers = int(getattr(meta, "pp_size", 1)) * max(1, tp // int(self.world_size))
         now = lp.now()
-        lp.grant_kind = "push"
-        lp.grant_until(d_id, now + ttl, now=now)
+        kind, lp.grant_kind = lp.grant_kind, PUSH_KIND  # a kv_both engine grants P leases too
+        try:
+            lp.grant_until(d_id, now + ttl, now=now)
+        finally:
+            lp.grant_kind = kind
         if d_id in lp.table:
             self._registrations().granted(d_id, str(reg.get("remote_engine_id")), writers)
 
