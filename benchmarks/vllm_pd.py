@@ -105,12 +105,16 @@ class Server:
         blocks: int,
         traces: Path | None = None,
         bidirectional: bool = False,
+        engine_id: str | None = None,
+        more: dict[str, Any] | None = None,
     ) -> None:
         self.port = free_port()
-        extra: dict[str, Any] = {"kv_lease_duration": LEASE}
+        self.side_port = free_port()  # NIXL's side channel (a push router names it to D)
+        extra: dict[str, Any] = {"kv_lease_duration": LEASE, **(more or {})}
         if bidirectional:  # D keeps a finished turn's KV for P to read (vLLM's turn 2)
             extra["bidirectional_kv_xfer"] = True
-        if traces is not None and connector == "LeaseprotoConnector":
+        ours = connector.startswith("Leaseproto")
+        if traces is not None and ours:
             extra["trace_dir"] = str(traces)  # check-trace validates the run
         cfg: dict[str, Any] = {
             "kv_connector": connector,
@@ -120,11 +124,13 @@ class Server:
             # a failed load recomputes instead of failing the request (0.32's default is "fail")
             "kv_load_failure_policy": "recompute",
         }
-        if connector == "LeaseprotoConnector":
+        if ours:
             cfg["kv_connector_module_path"] = "leaseproto.integrations.vllm"
+        if engine_id is not None:
+            cfg["engine_id"] = engine_id
         env = {
             **os.environ,
-            "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port()),
+            "VLLM_NIXL_SIDE_CHANNEL_PORT": str(self.side_port),
             "VLLM_PORT": str(free_port()),
             "VLLM_CPU_OMP_THREADS_BIND": cpu,
             "VLLM_CPU_KVCACHE_SPACE": "1",
