@@ -56,6 +56,7 @@ class DecodeSide:
     _hb_msgs_window: int
     _hb_bytes_window: int
     _h_p_notify: Handler
+    _h_p_heartbeat: Handler
     _h_d_heartbeat: Handler
     _h_d_schedule: Handler
     _h_d_read_done: Handler
@@ -143,7 +144,7 @@ class DecodeSide:
         if due:
             max_bytes = self.policy.config.max_notification_bytes
             p_by_name = self.p_by_name
-            encode = wire.encode_heartbeat
+            encode = tr.payloads  # what our decode worker sends: encode_heartbeat's bytes
             # _send, written out: the heartbeats are most of a busy fleet's messages
             sc = self.sc
             sent = t + sc.delay_base
@@ -152,7 +153,7 @@ class DecodeSide:
             rnd = self.net.random
             heap = self._heap
             seq = self._seq
-            notify = self._h_p_notify
+            notify = self._h_p_heartbeat
             push = heapq.heappush
             ceil = math.ceil
             ids_sent = msgs = size = 0

@@ -115,6 +115,7 @@ class FleetRun(DecodeSide):
         self._h_d_arrive: Handler = self._d_arrive
         self._h_p_expire: Handler = self._p_expire
         self._h_p_notify: Handler = self._p_notify
+        self._h_p_heartbeat: Handler = self._p_heartbeat
         self._h_d_heartbeat: Handler = self._d_heartbeat
         self._h_d_schedule: Handler = self._d_schedule
         self._h_d_read_done: Handler = self._d_read_done
@@ -294,6 +295,13 @@ class FleetRun(DecodeSide):
         for rel in p.table.expire(now=t):
             self._released(rel)
         self._want_expire(p)
+
+    def _p_heartbeat(self, t: float, arg: tuple[PEngine, bytes]) -> None:
+        # what our prefill worker does with a heartbeat: decode and renew in one pass
+        # (the same decisions as wire.decode then renew); the rest goes the long way
+        p, raw = arg
+        if p.table.renew_heartbeat(raw, now=t) is None:
+            self._p_notify(t, arg)
 
     def _p_notify(self, t: float, arg: tuple[PEngine, bytes]) -> None:
         p, raw = arg
