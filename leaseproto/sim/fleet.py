@@ -110,6 +110,12 @@ class FleetRun(DecodeSide):
         self._area_t = 0.0
         self._waits: list[float] = []
         self._hb_msgs = self._hb_bytes = self._hb_msgs_window = self._hb_bytes_window = 0
+        self._hb_net = (
+            sc.delay_base,
+            sc.delay_jitter,
+            sc.p_step,
+            policy.config.max_notification_bytes,
+        )
         # the handlers, bound once
         self._h_prefilled: Handler = self._prefilled
         self._h_d_arrive: Handler = self._d_arrive
@@ -250,32 +256,33 @@ class FleetRun(DecodeSide):
         p.busy = False
         k = p.index
         loads = self._p_load
-        loads[k] -= 1
+        load = loads[k] = loads[k] - 1
         order = self._p_order
-        heapq.heappush(order, (loads[k], k))
+        heapq.heappush(order, (load, k))
         if len(order) > self._p_order_max:  # drop the stale entries
             order[:] = [(load, j) for j, load in enumerate(loads)]
             heapq.heapify(order)
-        rid = self.wl.rid[i]
-        p.table.grant(rid, now=t, ttl=self.policy.ttl)
-        self._held_change(t, self.wl.blocks[i])
+        wl = self.wl
+        rid = wl.rid[i]
+        table = p.table
+        table.grant(rid, now=t, ttl=self.policy.ttl)
+        self._held_change(t, wl.blocks[i])
         # The table's earliest deadline is now the smaller of the one before and the new
         # lease's; an expiry is already due at or before the grid boundary of the one
         # before (p.expire_at), so only the new deadline can ask for an earlier one. This
         # leaves the table's lazy queue alone (next_deadline() walks and requeues the
         # renewed leases at its head: the costliest call of a busy fleet's grants).
-        deadline = p.table.deadline(rid)
+        deadline = table.deadline(rid)
         assert deadline is not None
         b = grid(deadline, self.sc.p_step, p.phase)
+        heap = self._heap
+        seq = self._seq
         if b < p.expire_at:
             p.expire_at = b
-            heapq.heappush(self._heap, (b, _EXPIRE, next(self._seq), self._h_p_expire, p))
-        d = self._route()
+            heapq.heappush(heap, (b, _EXPIRE, next(seq), self._h_p_expire, p))
         self.stage[i] = _AT_D
-        heapq.heappush(
-            self._heap,
-            (t + self.sc.router_transit, _OTHER, next(self._seq), self._h_d_arrive, (d, i)),
-        )
+        at = t + self.sc.router_transit
+        heapq.heappush(heap, (at, _OTHER, next(seq), self._h_d_arrive, (self._route(), i)))
         if p.queue:
             self._p_start(p, t)
 
@@ -306,13 +313,13 @@ class FleetRun(DecodeSide):
     def _p_notify(self, t: float, arg: tuple[PEngine, bytes]) -> None:
         p, raw = arg
         msg = wire.decode(raw)  # the sim only sends well-formed messages
-        if type(msg) is wire.Heartbeat:
-            p.table.renew(msg.ids, now=t)
-        elif type(msg) is wire.TransferDone:
+        if type(msg) is wire.TransferDone:
             out = p.table.transfer_done(msg.req_id, now=t)
             if type(out) is Release:
                 self._released(out)
             # a LateTransfer is counted by the table (stats.late_transfers)
+        elif type(msg) is wire.Heartbeat:
+            p.table.renew(msg.ids, now=t)
 
     def _released(self, rel: Release) -> None:
         i = self.idx_of[rel.req_id]
