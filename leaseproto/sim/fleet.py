@@ -35,6 +35,7 @@ the router spreads requests round robin over the D engines it believes alive.
 
 from __future__ import annotations
 
+import gc
 import heapq
 import itertools
 import math
@@ -139,23 +140,44 @@ class FleetRun(DecodeSide):
 
     # -- run ----------------------------------------------------------------------------
     def run(self) -> tuple[Figures, Series]:
-        # The arrivals are sorted: they are read in order beside the heap instead of
-        # being pushed into it (a heap of every request would make each pop cost
-        # log2(requests)). An arrival goes first at its instant unless a notification
-        # or an expiry is due then: in one heap, arrivals (priority _OTHER) would
-        # carry the smallest sequence numbers, as they would be pushed first.
         for crash in self.sc.crashes:
             self._at(crash.at, self._crash, (self.ds[crash.engine], crash.down_for))
         self._at(0.0, self._sample, None)
         heap = self._heap
+        arrivals = self.wl.arrival
+        progress = self.progress
+        # The run makes no reference cycles (tests/test_sim.py checks that it leaves no
+        # cyclic garbage): reference counting frees all it drops, and the cyclic
+        # collector would only walk the growing records again and again.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            events = self._loop(heap, arrivals, progress)
+        finally:
+            if collecting:
+                gc.enable()
+        self._finish(events)
+        return self.fig, self.series
+
+    def _loop(
+        self,
+        heap: list[tuple[float, int, int, Handler, Any]],
+        arrivals: list[float],
+        progress: Callable[[float], None] | None,
+    ) -> int:
+        """Handle every event, in order; returns how many.
+
+        The arrivals are sorted: they are read in order beside the heap instead of
+        being pushed into it (a heap of every request would make each pop cost
+        log2(requests)). An arrival goes first at its instant unless a notification
+        or an expiry is due then: in one heap, arrivals (priority _OTHER) would
+        carry the smallest sequence numbers, as they would be pushed first."""
         pop = heapq.heappop
         arrive = self._arrive
-        arrivals = self.wl.arrival
         n = len(arrivals)
         inf = math.inf
         nxt = 0
         ta = arrivals[0] if n else inf
-        progress = self.progress
         events = 0
         while True:
             if heap:
@@ -179,8 +201,7 @@ class FleetRun(DecodeSide):
             events += 1
             if progress is not None and not events & 0x3FFF:
                 progress(t)
-        self._finish(events)
-        return self.fig, self.series
+        return events
 
     def _finish(self, events: int) -> None:
         fig = self.fig
