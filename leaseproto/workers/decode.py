@@ -35,7 +35,7 @@ from .decode_state import DecodeOptions, Reporting
 from .decode_turns import TurnGrants
 from .decode_verification import Verification
 from .keys import curve
-from .loop import IDLE_WAIT_S, PENDING_WAIT_S, EngineLoop
+from .loop import IDLE_WAIT_S, PENDING_WAIT_S, EngineLoop, wait_for_input
 from .metrics import DecodeMetrics, stats_dict
 from .notifications import DropLog, NotificationGate
 from .plane import Msg, Server
@@ -100,10 +100,12 @@ class DecodeWorker(EngineLoop):
 
     def step(self, wait_s: float | None = None) -> None:
         states = {r.state for r in self.scheduler.running.values()}
+        pending = bool(states & {"reading", "verifying"})
         if wait_s is None:  # short while a read or its verdict is outstanding
-            wait_s = PENDING_WAIT_S if states & {"reading", "verifying"} else IDLE_WAIT_S
+            wait_s = PENDING_WAIT_S if pending else IDLE_WAIT_S
         if wait_s > 0 and "decoding" not in states:
-            self.server.sock.poll(max(1, round(wait_s * 1000)), zmq.POLLIN)
+            # a read outstanding: its verdict (or our READ's progress) ends the wait
+            wait_for_input(self.server.sock, wait_s, self.backend.endpoint if pending else None)
         while (got := self.server.recv()) is not None:
             self._request(*got)
         if self.server.bad:

@@ -33,7 +33,7 @@ from . import verdicts
 from .backend import KVBackend
 from .decode_state import DecodeOptions, hello, verdict_wait
 from .keys import curve
-from .loop import EngineLoop
+from .loop import IDLE_WAIT_S, PENDING_WAIT_S, EngineLoop, wait_for_input
 from .messages import RankParams, parse
 from .metrics import DecodeMetrics
 from .notifications import DropLog, NotificationGate
@@ -263,9 +263,11 @@ class DecodeFollower(EngineLoop):
                 )
             self.backend.free(rd.blocks)
 
-    def step(self, wait_s: float = 0.005) -> None:
-        if wait_s > 0 and not self.reads:
-            self.server.sock.poll(int(wait_s * 1000), zmq.POLLIN)
+    def step(self, wait_s: float = IDLE_WAIT_S) -> None:
+        if wait_s > 0:  # with reads outstanding, until their verdicts (or the READs) move
+            pending = bool(self.reads)
+            wait = min(wait_s, PENDING_WAIT_S) if pending else wait_s
+            wait_for_input(self.server.sock, wait, self.backend.endpoint if pending else None)
         while (got := self.server.recv()) is not None:
             self._request(*got)
         for sender, payload in self.gate.admit(self.backend.poll()):

@@ -30,7 +30,7 @@ from ..core.peer import PARAMS_KEY, advertisement
 from ..core.table import LeaseTable
 from .backend import KVBackend
 from .keys import curve
-from .loop import IDLE_WAIT_S, PENDING_WAIT_S, EngineLoop, RankOptions
+from .loop import IDLE_WAIT_S, PENDING_WAIT_S, EngineLoop, RankOptions, wait_for_input
 from .messages import Abort, Prefill, parse
 from .metrics import PrefillMetrics, stats_dict
 from .notifications import DropLog, NotificationGate
@@ -341,11 +341,12 @@ class PrefillWorker(EngineLoop):
         """One engine-loop turn: intake, compute, lease step. ``wait_s``: the
         longest wait for request-plane traffic when there is nothing to do
         (default: short while a lease is live, see ``loop.PENDING_WAIT_S``)."""
+        busy = len(self.grants.table) or len(self.prefixes)
         if wait_s is None:
-            busy = len(self.grants.table) or len(self.prefixes)
             wait_s = PENDING_WAIT_S if busy else IDLE_WAIT_S
         if wait_s > 0 and not self.grants.inbox:
-            self.server.sock.poll(max(1, round(wait_s * 1000)), zmq.POLLIN)
+            # a live lease: a transfer-done may come any moment, and D waits for its OK
+            wait_for_input(self.server.sock, wait_s, self.backend.endpoint if busy else None)
         while (got := self.server.recv()) is not None:
             self._request(*got)
         if self.server.bad:
