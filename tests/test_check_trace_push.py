@@ -103,6 +103,12 @@ def _released_before_the_abort(d: Events, p: Events) -> None:
 
 def _quarantine_without_the_writer(d: Events, p: Events) -> None:
     d[_find(d, ev="grant", req="b")]["writers"] = [P, P2]  # the quarantine names only P
+    i = _find(d, ev="expire", now=103.0)  # P2 said leaseproto/1: it completes or aborts
+    d[i:i] = [
+        {"ev": "recv", "t": 102.5, "src": P2, "data": "HB:leaseproto/1"},
+        {"ev": "handle", "t": 102.5, "now": 102.5, "src": P2, "data": "HB:leaseproto/1"},
+        {"ev": "send", "t": 102.5, "to": P2, "data": "OK:leaseproto/1", "ok": True},
+    ]
 
 
 def _one_writer_of_two(d: Events, p: Events) -> None:
@@ -161,6 +167,30 @@ def test_forgetting_the_writer_ends_the_quarantine(tmp_path: Path) -> None:
     j = _find(d, ev="recv", data="AB:b")
     d[j : j + 2] = [{"ev": "forget", "t": 103.5, "now": 103.5, "agents": [P]}]
     p.pop(_find(p, ev="send", data="AB:b"))
+    assert _check(tmp_path, d, p) == []
+
+
+def test_a_writer_forgotten_before_the_grant_is_owed_again(tmp_path: Path) -> None:
+    """A forget settles the registrations granted before it, not later ones (the
+    core's ``forget``): D forgot P, registered ``b`` with it again, and freeing
+    ``b``'s quarantine without P's abort is I15."""
+    d, p = legal()
+    d.insert(_find(d, ev="grant", req="b"), {"ev": "forget", "t": 100.0, "agents": [P]})
+    assert _check(tmp_path, d, p) == []
+    _released_before_the_abort(d, p)
+    assert any(v.startswith("I15") for v in _check(tmp_path, d, p))
+
+
+def test_a_writer_that_never_said_leaseproto_is_not_waited_for(tmp_path: Path) -> None:
+    """D's stock fallback (§2.8 "Stock peers"): a P that never sent its capability
+    heartbeat never aborts, and D frees a lapsed registration of it at once,
+    unverified. Only a writer that said ``leaseproto/1`` is owed a quarantine."""
+    d, p = legal()
+    _watchdog_only(d, p)
+    assert any(v.startswith("I15") for v in _check(tmp_path, d, p))
+    stock = ("HB:leaseproto/1", "OK:leaseproto/1", "OK:a")  # and no verdicts for it
+    d = [e for e in d if e.get("data") not in stock]
+    p = [e for e in p if e.get("data") not in stock]
     assert _check(tmp_path, d, p) == []
 
 

@@ -98,6 +98,25 @@ def test_forgetting_a_writer_ends_the_quarantine_and_discards_what_waited() -> N
     assert regs.take_free() == ["d2"] and len(regs) == 0
 
 
+def test_writers_that_never_said_they_report_are_not_waited_for() -> None:
+    """``ended(wait=False)``: the connector's fallback for a stock P (it never
+    aborts a registration it dropped): nothing is owed, the blocks are free at
+    once, and a completion after that is ignored, never used."""
+    table, regs = LeaseTable(CFG), PushRegistrations()
+    table.grant("d1", now=0.0, ttl=60.0)
+    regs.register("d1", ["p0", "p1"])
+    regs.register("d2", ["p0"])
+    assert _completion(table, regs, "d1", "p0", n=2, now=1.0) == WAIT
+    (rel,) = [r for r in table.expire(now=60.0) if r.req_id == "d1"]
+    assert regs.ended(rel.req_id, wait=False) == DISCARD
+    assert regs.quarantined() == [] and regs.owed("d1") == frozenset()
+    assert regs.take_free() == ["d1"] and "d1" not in regs
+    assert regs.completion("d1", "p1", ok=False) == IGNORE
+    assert regs.owed("d2") == {"p0"}  # only the ended registration stopped waiting
+    assert regs.ended("d2", wait=False) == DISCARD and regs.ended("d2") == IGNORE
+    assert regs.take_free() == ["d2"]
+
+
 def test_nothing_is_used_once_the_registration_ended() -> None:
     """A good completion handled after ``ended`` (the order reversed) costs a
     recompute, never a use."""

@@ -7,7 +7,9 @@ D's push events, beside the grantor table's own (replayed by
   registration was sent to, which may WRITE into its blocks;
 * ``handle`` of a write completion ``<d_id>:<n>`` or an abort ``AB:<d_id>`` from a
   writer: it *settles* that writer (it writes no more), whatever the verdict;
-* ``forget`` (``agents``): D forgot these agents; they are owed nothing more;
+* ``forget`` (``agents``): D forgot these agents; the registrations granted
+  before it are owed nothing more by them (a registration D grants them later
+  owes them again, as in :class:`~leaseproto.core.push.PushRegistrations`);
 * ``quarantine`` (``req``, ``writers``): the registration's lease ended while these
   writers may still write, and its blocks stay out of D's pool;
 * ``unquarantine`` (``req``): the quarantined blocks go back to D's pool;
@@ -19,7 +21,10 @@ grant names them; a ``release`` of a registration whose writers are not all
 settled or forgotten is followed by its ``quarantine`` naming them (before D's
 next input), else D freed blocks a writer may still write (the watchdog-only
 design); an ``unquarantine`` only once every writer of the quarantine settled or
-was forgotten. A trace cut short may lack its last quarantine.
+was forgotten. A writer that never said ``leaseproto/1`` (its capability
+heartbeat ``HB:leaseproto/1``, handled by D) before the release is not waited
+for: a stock P never aborts, and D's fallback for it is unverified (§2.8 "Stock
+peers"). A trace cut short may lack its last quarantine.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ class _Reg:
     """One push registration as D's trace tells it."""
 
     writers: frozenset[str] | None
+    #: writers whose completion or abort D handled, or that D forgot since the grant
     settled: set[str] = field(default_factory=set)
     #: the writers named when it was quarantined (None: not quarantined)
     quarantine: set[str] | None = None
@@ -64,6 +70,15 @@ def _settles(e: Event) -> tuple[str, str, bool] | None:
     return str(e.obj.get("src")), msg.req_id, isinstance(msg, wire.TransferDone)
 
 
+def _advertises(e: Event) -> bool:
+    """Whether ``e`` (a ``handle``) is a heartbeat naming ``leaseproto/1``."""
+    try:
+        msg = wire.decode(e.data())
+    except wire.MalformedMessage:
+        return False
+    return isinstance(msg, wire.Heartbeat) and wire.CAPABILITY in msg.ids
+
+
 def _writers(e: Event) -> frozenset[str] | None:
     got = e.obj.get("writers")
     if got is None:
@@ -79,13 +94,14 @@ class _PushEvents:
     def __init__(self) -> None:
         self.out: list[Violation] = []
         self.regs: dict[str, _Reg] = {}
-        self.forgotten: set[str] = set()
+        #: agents whose capability heartbeat D handled (they complete or abort what they hold)
+        self.peers: set[str] = set()
         #: releases whose quarantine is due before D's next input: id -> (release, owed)
         self.due: dict[str, tuple[Event, set[str]]] = {}
 
     def owed(self, reg: _Reg, names: Iterable[str]) -> set[str]:
         """Of ``names``, the writers that may still write (not settled, not forgotten)."""
-        return set(names) - reg.settled - self.forgotten
+        return set(names) - reg.settled
 
     def fail(self, inv: str, e: Event, msg: str) -> None:
         self.out.append(Violation(inv, e, msg))
@@ -105,10 +121,14 @@ class _PushEvents:
             self.regs[str(o["req"])] = _Reg(_writers(e))
         elif (got := _settles(e)) is not None and got[1] in self.regs:
             self.regs[got[1]].settled.add(got[0])
+        elif e.ev == "handle" and _advertises(e):
+            self.peers.add(str(o["src"]))
         elif e.ev == "forget":
-            self.forgotten.update(str(a) for a in o["agents"])
+            agents = {str(a) for a in o["agents"]}
+            for granted in self.regs.values():
+                granted.settled |= agents
         elif e.ev == "release" and (reg := self.regs.get(str(o["req"]))) is not None:
-            if reg.writers is not None and (who := self.owed(reg, reg.writers)):
+            if reg.writers is not None and (who := self.owed(reg, reg.writers) & self.peers):
                 self.due[str(o["req"])] = (e, who)
         elif e.ev == "quarantine":
             self.quarantine(e, str(o["req"]))

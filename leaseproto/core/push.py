@@ -30,6 +30,7 @@ order makes it use KV it should not)::
     regs.completion(d_id, w, ok=isinstance(verdict, wire.Ok))   # USE / WAIT / DISCARD / IGNORE
     regs.abort(d_id, w)                             # AB:<d_id> from writer w
     regs.ended(d_id)                                # each Release of d_id the table returns
+                                                    # (wait=False: its writers are stock)
     regs.forget(agent)                              # D forgot a writer's agent
     for d_id in regs.take_free(): ...               # return these blocks to D's pool
 
@@ -110,15 +111,23 @@ class PushRegistrations:
         reg.owed.discard(writer)
         return self._fail(lease_id, reg)
 
-    def ended(self, lease_id: str) -> str:
+    def ended(self, lease_id: str, *, wait: bool = True) -> str:
         """D's table released the registration lease (expired, aborted, or
         transferred with a writer still owed): :data:`DISCARD` if the KV was
         still awaited, else :data:`IGNORE`. Its blocks stay quarantined while a
-        writer is owed."""
+        writer is owed.
+
+        ``wait=False``: D does not wait for the writers still owed, because
+        they never said they would complete or abort (a stock vLLM P, which
+        never says ``leaseproto/1``; spec §2.8 "Stock peers"): they are owed
+        nothing more and the blocks are free at once, unverified (such a P
+        that writes later may overwrite them)."""
         reg = self._regs.get(lease_id)
         if reg is None or reg.ended:
             return IGNORE
         reg.ended = True
+        if not wait:
+            reg.owed.clear()
         return self._fail(lease_id, reg)
 
     def forget(self, agent: str) -> list[str]:

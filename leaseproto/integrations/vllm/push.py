@@ -21,8 +21,9 @@ them and the WRITE's notification (``<d_id>:<n>``) tells D it is done. Here:
 - **Quarantine.** A registration that ended without its WRITE (expired, or D
   gave up) is never used, and its blocks are not handed back while a
   leaseproto P may still be writing: D reports the receive only once every P
-  rank that writes here has completed or aborted (``AB:<d_id>``), P's engine
-  is forgotten, or ``stale_after`` has passed (:class:`Registrations`).
+  agent it registered with (its *writers*) has completed or aborted
+  (``AB:<d_id>``) or is forgotten. Both decisions are the core's
+  :class:`~leaseproto.core.push.PushRegistrations` (:mod:`.push_decoder`).
 - **P gives up.** P sends ``AB:<d_id>`` for a registration it will not write
   (its request ended, ``LL:`` from D, its WRITE failed) once no WRITE of it is
   in flight.
@@ -38,7 +39,8 @@ import queue
 import re
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from .verify import agent_name
@@ -49,7 +51,7 @@ __all__ = [
     "HeldRegistration",
     "PushRouter",
     "PushWrites",
-    "Registrations",
+    "SentRegistration",
     "base_id",
     "registration_advert",
     "registration_ttl",
@@ -95,20 +97,57 @@ def registration_ttl(reg: dict[str, Any]) -> float | None:
     return float(ttl)
 
 
-class PushRouter:
-    """vLLM's NIXL agent as vLLM's writer thread polls it: registrations go to
-    the writer (it handles them), everything else, with its sender, to ``inbox``
-    for the engine's main thread (vLLM's writer forwards only the bytes)."""
+@dataclass(frozen=True)
+class SentRegistration:
+    """D's writer thread sent a registration (``PUSH_REG``) to ``writers``, the
+    P agents vLLM's handshake gave D for P's engine (one per P rank and pipeline
+    stage that WRITEs into this D rank); ``unsent``: those whose send raised.
+    Queued for the main thread ahead of anything P can answer it with."""
 
-    def __init__(self, inner: Any, inbox: queue.Queue[tuple[str, bytes]]) -> None:
+    d_id: str
+    reg: dict[str, Any]
+    writers: tuple[str, ...]
+    unsent: tuple[str, ...]
+
+
+#: what the main thread takes from the router: a notification with its sender, or a
+#: registration D's writer thread sent
+Inbound = tuple[str, bytes] | SentRegistration
+
+
+class PushRouter:
+    """vLLM's NIXL agent as vLLM's writer thread uses it: registrations go to
+    the writer (it handles them), everything else, with its sender, to ``inbox``
+    for the engine's main thread (vLLM's writer forwards only the bytes). Each
+    send of a registration is told to ``on_send`` (agent, message, sent)."""
+
+    def __init__(
+        self,
+        inner: Any,
+        inbox: queue.Queue[Inbound],
+        on_send: Callable[[str, bytes, bool], None] | None = None,
+    ) -> None:
         object.__setattr__(self, "inner", inner)
         object.__setattr__(self, "inbox", inbox)
+        object.__setattr__(self, "on_send", on_send)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
     def __setattr__(self, name: str, value: Any) -> None:
         setattr(self.inner, name, value)
+
+    def send_notif(self, agent: Any, *args: Any, **kw: Any) -> Any:
+        msg = kw.get("notif_msg", args[0] if args else b"")
+        if self.on_send is None or not bytes(msg).startswith(PUSH_REG_PREFIX):
+            return self.inner.send_notif(agent, *args, **kw)
+        try:
+            out = self.inner.send_notif(agent, *args, **kw)
+        except Exception:
+            self.on_send(agent_name(agent), bytes(msg), False)
+            raise
+        self.on_send(agent_name(agent), bytes(msg), True)
+        return out
 
     def get_new_notifs(self, *args: Any, **kw: Any) -> dict[Any, list[bytes]]:
         out: dict[Any, list[bytes]] = {}
@@ -240,90 +279,3 @@ class PushWrites:
             elif reg.seen_alive or now - reg.arrived >= self.grace:
                 give_up.append(reg)
         return renew, give_up
-
-
-# -- D ------------------------------------------------------------------------------------
-@dataclass
-class _Registration:
-    engine: str  # P's
-    writers: int  # P ranks that WRITE into this D rank
-    reported: set[str] = field(default_factory=set)  # P agents that completed or aborted
-    anonymous: int = 0  # completions with no known sender (vLLM's test path)
-    failed_at: float | None = None  # the lease ended without its WRITE: quarantined since
-    why: str = ""
-
-
-class Registrations:
-    """D's registrations whose receive vLLM has not been told about yet."""
-
-    def __init__(self, stale_after: float) -> None:
-        self.stale_after = stale_after
-        self._regs: dict[str, _Registration] = {}
-        #: P engines that said they understand ``leaseproto/1`` (their heartbeats did)
-        self.peer_engines: set[str] = set()
-
-    def __contains__(self, d_id: object) -> bool:
-        return d_id in self._regs
-
-    def __len__(self) -> int:
-        return len(self._regs)
-
-    def granted(self, d_id: str, engine: str, writers: int) -> None:
-        self._regs[d_id] = _Registration(engine, max(1, writers))
-
-    def engine(self, d_id: str) -> str | None:
-        reg = self._regs.get(d_id)
-        return None if reg is None else reg.engine
-
-    def ids(self) -> list[str]:
-        return list(self._regs)
-
-    def reported(self, d_id: str, agent: str | None) -> None:
-        """P agent ``agent`` completed or aborted its WRITE into ``d_id``."""
-        reg = self._regs.get(d_id)
-        if reg is None:
-            return
-        if agent is None:
-            reg.anonymous += 1
-        else:
-            reg.reported.add(agent)
-
-    def failed(self, d_id: str, *, now: float, why: str) -> bool:
-        """The lease of ``d_id`` ended without its WRITE. True: quarantine it (a
-        leaseproto P may still be writing); False: its P is stock (or it was
-        failed already), nothing more to wait for."""
-        reg = self._regs.get(d_id)
-        if reg is None:
-            return False
-        if reg.failed_at is None:
-            reg.failed_at, reg.why = now, why
-        return reg.engine in self.peer_engines
-
-    def failing(self, d_id: str) -> bool:
-        reg = self._regs.get(d_id)
-        return reg is not None and reg.failed_at is not None
-
-    def settled(self, d_id: str) -> bool:
-        """Whether every P rank writing here has completed or aborted."""
-        reg = self._regs.get(d_id)
-        return reg is not None and len(reg.reported) + reg.anonymous >= reg.writers
-
-    def released(self, *, now: float, forgotten: set[str]) -> list[tuple[str, str]]:
-        """Quarantined registrations whose blocks go back now, and why: every
-        writer reported, P's engine forgotten, or ``stale_after`` passed."""
-        out = []
-        for d_id, reg in self._regs.items():
-            if reg.failed_at is None:
-                continue
-            if self.settled(d_id) or reg.engine not in self.peer_engines:
-                out.append((d_id, reg.why))
-            elif reg.engine in forgotten:
-                out.append((d_id, f"{reg.why}; prefill engine {reg.engine} forgotten"))
-            elif now - reg.failed_at >= self.stale_after:
-                out.append(
-                    (d_id, f"{reg.why}; no word from {reg.engine} in {self.stale_after:g} s")
-                )
-        return out
-
-    def drop(self, d_id: str) -> None:
-        self._regs.pop(d_id, None)

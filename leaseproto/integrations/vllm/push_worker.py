@@ -3,11 +3,13 @@
 vLLM's push worker (its ``nixl-push-writer`` thread sends registrations,
 matches them and posts the WRITEs) with the lease of :mod:`.push`:
 
-- D: each registration is a lease in the worker's table (kind ``push``),
-  renewed by P's ``HB:``; the WRITE's notification is a transfer-done for it;
-  the receive is reported done only if the table handled it while the lease
-  was live (I15), failed otherwise, and a lapsed registration's blocks are
-  held until every writer completed or aborted (:class:`~.push.Registrations`).
+- D: each registration, once vLLM's writer sent it, is a lease in the
+  worker's table (kind ``push``), renewed by P's ``HB:``, and an entry of the
+  core's :class:`~leaseproto.core.push.PushRegistrations` naming its writers;
+  the WRITE's notification is a transfer-done for it; the receive is reported
+  done only once every writer's completion was handled while the lease was
+  live (I15), failed otherwise, and a lapsed registration's blocks are held
+  until every writer completed, aborted or was forgotten (:mod:`.push_decoder`).
 - P: its own leases as in pull mode (heartbeats naming D's id or the router's
   base id renew them: B2), ended TRANSFERRED when its WRITE completes; a lease
   that expires while its WRITE is still running keeps its blocks until the
@@ -17,7 +19,8 @@ matches them and posts the WRITEs) with the lease of :mod:`.push`:
 
 vLLM's writer thread owns ``get_new_notifs``: :class:`~.push.PushRouter` hands
 it the registrations and queues everything else, with its sender, for the
-main thread (vLLM drops the sender). What each notification does is in
+main thread (vLLM drops the sender), and, behind each registration D sends,
+the agents it went to. What each notification does is in
 :mod:`.push_notifications`.
 """
 
@@ -40,7 +43,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_worker import (
 
 from leaseproto import HeartbeatTracker, LocalProtocolError, wire
 
-from .push import PUSH_KIND, PushRouter, PushWrites, Registrations, registration_ttl
+from .push import Inbound, PushRouter, PushWrites, SentRegistration, registration_ttl
 from .push_notifications import PushNotifications
 from .push_scheduler import ABORTED_ATTR, ALIVE_ATTR
 from .trace import TracedNixl
@@ -86,22 +89,14 @@ class LeaseprotoPushConnectorWorker(PushNotifications, LeaseWorker, NixlPushConn
             w = self.__dict__["_lp_writes"] = PushWrites(self._leases().config.lease_extension)
         return w
 
-    def _registrations(self) -> Registrations:
-        r: Registrations | None = self.__dict__.get("_lp_regs")
-        if r is None:
-            cfg = self._leases().config
-            stale = max(10 * cfg.kv_lease_duration, cfg.max_lease_lifetime or 0.0)
-            r = self.__dict__["_lp_regs"] = Registrations(stale)
-        return r
-
     def _push_tracker(self) -> HeartbeatTracker:
         t: HeartbeatTracker | None = self.__dict__.get("_lp_push_tracker")
         if t is None:
             t = self.__dict__["_lp_push_tracker"] = HeartbeatTracker(self._leases().config)
         return t
 
-    def _inbox(self) -> queue.Queue[tuple[str, bytes]]:
-        q: queue.Queue[tuple[str, bytes]] | None = self.__dict__.get("_lp_inbox")
+    def _inbox(self) -> queue.Queue[Inbound]:
+        q: queue.Queue[Inbound] | None = self.__dict__.get("_lp_inbox")
         if q is None:
             q = self.__dict__["_lp_inbox"] = queue.Queue()
         return q
@@ -111,7 +106,9 @@ class LeaseprotoPushConnectorWorker(PushNotifications, LeaseWorker, NixlPushConn
             return wrapper  # vLLM's tests build workers without __init__: vLLM's plumbing
         router: PushRouter | None = self.__dict__.get("_lp_router")
         if router is None or router.inner is not wrapper:
-            router = self.__dict__["_lp_router"] = PushRouter(wrapper, self._inbox())
+            router = self.__dict__["_lp_router"] = PushRouter(
+                wrapper, self._inbox(), self._reg_sent_to
+            )
         return router
 
     # -- the writer thread -------------------------------------------------------------------
@@ -124,6 +121,20 @@ class LeaseprotoPushConnectorWorker(PushNotifications, LeaseWorker, NixlPushConn
         if isinstance(reg, dict):
             self._writes().arrived(reg, now=time.perf_counter())
         super()._handle_push_reg_notif(notif)
+
+    def _do_send_reg_notif(self, req_id: str, reg_data: dict[str, Any]) -> None:
+        """D: vLLM sends the registration to P's agents; the main thread learns
+        which (its writers), ahead of anything they answer (one queue)."""
+        sends: list[tuple[str, bool]] = []
+        self.__dict__["_lp_reg_sends"] = sends
+        try:
+            super()._do_send_reg_notif(req_id, reg_data)
+        finally:
+            self.__dict__.pop("_lp_reg_sends", None)
+        if sends:  # none: our router is off (vLLM's tests), or vLLM had no agent
+            writers = tuple(a for a, _ in sends)
+            unsent = tuple(a for a, ok in sends if not ok)
+            self._inbox().put(SentRegistration(req_id, dict(reg_data), writers, unsent))
 
     def _do_start_push_kv(self, request_id: str, local_block_ids: Any, reg: dict[str, Any]) -> None:
         d_id = reg.get("request_id")
@@ -152,48 +163,11 @@ class LeaseprotoPushConnectorWorker(PushNotifications, LeaseWorker, NixlPushConn
     # -- the main thread: each step ------------------------------------------------------------
     def start_load_kv(self, metadata: NixlConnectorMetadata) -> None:
         self._writes().set_alive(getattr(metadata, ALIVE_ATTR, {}))
-        regs = dict(metadata.push_registrations)
         super().start_load_kv(metadata)
         if self.pcp_rank > 0 and not self.pcp_dcp_sharded:
             return  # vLLM sends nothing from this rank
-        for d_id, reg in regs.items():
-            self._grant_registration(d_id, reg)
         for d_id in getattr(metadata, ABORTED_ATTR, ()):
             self._aborted_here(d_id)
-
-    def _aborted_here(self, d_id: str) -> None:
-        """D: the request ended while its registration waited. With a leaseproto
-        P the registration ends now (P hears ``LL:`` at its next heartbeat and
-        says ``AB:`` unless its WRITE is running); a stock P may still write, so
-        its registration runs on to the watchdog as in vLLM."""
-        regs = self._registrations()
-        engine = regs.engine(d_id)
-        lp = self._leases()
-        if engine is None or engine not in regs.peer_engines or d_id not in lp.table:
-            return
-        release = lp.abort(d_id)
-        if release is not None:
-            self._registration_ended(release, why="the request ended on the decoder")
-
-    def _grant_registration(self, d_id: str, reg: dict[str, Any]) -> None:
-        """D: the registration vLLM's writer is about to send is a lease in our table."""
-        meta = self._recving_metadata.get(d_id)
-        if meta is None:
-            return
-        lp = self._leases()
-        ttl = registration_ttl(reg) or lp.config.decoder_kv_blocks_ttl
-        if lp.config.max_lease_lifetime is not None:
-            ttl = min(ttl, lp.config.max_lease_lifetime)
-        tp = int(reg.get("remote_tp_size", 1))
-        writers = int(getattr(meta, "pp_size", 1)) * max(1, tp // int(self.world_size))
-        now = lp.now()
-        kind, lp.grant_kind = lp.grant_kind, PUSH_KIND  # a kv_both engine grants P leases too
-        try:
-            lp.grant_until(d_id, now + ttl, now=now)
-        finally:
-            lp.grant_kind = kind
-        if d_id in lp.table:
-            self._registrations().granted(d_id, str(reg.get("remote_engine_id")), writers)
 
     def _get_new_notifs(self) -> set[str]:
         done: set[str] = set()
@@ -202,42 +176,25 @@ class LeaseprotoPushConnectorWorker(PushNotifications, LeaseWorker, NixlPushConn
         trace = self._leases().trace
         while inbox is not None:
             try:
-                agent, raw = inbox.get_nowait()
+                item = inbox.get_nowait()
             except queue.Empty:
                 break
+            if isinstance(item, SentRegistration):
+                self._grant_registration(item)
+                continue
+            agent, raw = item
             if trace.enabled:
                 trace.emit("recv", src=agent, data=raw.decode("latin-1"))
             self._on_notification(agent, raw, done)
         forwarded = self.__dict__.get("_pending_completion_notifs")
-        anonymous: list[bytes] = []
-        while forwarded is not None:  # vLLM's queue: what its writer forwarded, sender dropped
-            try:
-                anonymous.append(forwarded.get_nowait())
-            except queue.Empty:
-                break
-        if anonymous:
-            done |= self._anonymous(anonymous)
-        self._release_quarantined()
+        if forwarded is not None and not forwarded.empty():
+            # what vLLM's writer forwarded without its sender (where our router is off,
+            # vLLM's tests) or what we handed to vLLM's counting: never a registration of
+            # ours (those exist only once sent through our router)
+            theirs: set[str] = NixlPushConnectorWorker._get_new_notifs(self)  # not pull's
+            done |= theirs
+        self._push_step()
         return done
-
-    def _anonymous(self, raws: list[bytes]) -> set[str]:
-        """What vLLM's writer forwarded without its sender (only where our router
-        is off: vLLM's tests): a registration's completion is ours, the rest
-        goes to vLLM's own handling."""
-        theirs: queue.Queue[bytes] = self._pending_completion_notifs
-        for raw in raws:
-            try:
-                msg = wire.decode(raw)
-            except wire.MalformedMessage:
-                msg = None
-            if isinstance(msg, wire.TransferDone) and self._registration_engine(msg.req_id):
-                self._completion(msg, None, raw)
-            else:
-                theirs.put(raw)
-        if theirs.empty():
-            return set()
-        out: set[str] = NixlPushConnectorWorker._get_new_notifs(self)  # vLLM's, not pull's
-        return out
 
     def _send_heartbeats(self, metadata: NixlConnectorMetadata) -> None:
         """Ours to the grantors we renew: D's to P (the scheduler's), and P's to D."""
@@ -321,7 +278,7 @@ class LeaseprotoPushConnectorWorker(PushNotifications, LeaseWorker, NixlPushConn
         """D: a registration lapsed. P: a lease that expires while its WRITE
         still reads the blocks keeps them until the WRITE is over (vLLM frees
         them at once)."""
-        if release.req_id in self._registrations():
+        if release.req_id in self._registered():
             self._registration_ended(release)
             return
         if release.req_id in self.__dict__.get("_sending_transfers", {}):

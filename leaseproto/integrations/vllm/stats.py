@@ -116,7 +116,12 @@ COUNTERS: dict[str, tuple[str, str]] = {
     "lp_push_quarantined": (
         "vllm:leaseproto_push_quarantined",
         "Registrations that ended without their WRITE while a leaseproto P might still write: "
-        "blocks held until P completes or aborts (D).",
+        "blocks held until each writer completes, aborts or is forgotten (D).",
+    ),
+    "lp_push_writers_forgotten": (
+        "vllm:leaseproto_push_writers_forgotten",
+        "P agents D forgot while a registration waited for them: gone from its connections, "
+        "a send failed, or silent past the bound (D).",
     ),
     "lp_push_writes_refused": (
         "vllm:leaseproto_push_writes_refused",
