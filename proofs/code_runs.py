@@ -1,0 +1,91 @@
+"""The obligations that run the core's own code (lemmas L14-L18): each module's checks
+turned into obligations of ``leaseproto prove``. A check that raised (the code under
+proof did what no path of its input can make it do) is an obligation that fails as a
+crash, which the mutation run counts apart from a failed one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import z3
+
+from . import codec, loops, settings, structures, tracking
+from .obligation import Obligation
+
+
+def loop_obligations(only: str = "") -> list[Obligation]:
+    """L14: the runtime's hot loops, run on z3 terms (:mod:`proofs.loops`), do what
+    the rules say on every path through them (the obligations whose label contains
+    ``only``)."""
+    return _run_obligations(loops.SYSTEM, ("L14",), loops.checks(only), "the loop", "the rules do")
+
+
+def structure_obligations(only: str = "") -> list[Obligation]:
+    """L15: the real ``LeaseTable`` run on z3 terms (:mod:`proofs.structures`) does
+    what the naive model does on every feasible path of each scenario."""
+    return _run_obligations(
+        structures.SYSTEM,
+        ("L15", "I4", "I13"),
+        structures.checks(only),
+        "the table",
+        "the naive model does",
+    )
+
+
+def tracker_obligations(only: str = "") -> list[Obligation]:
+    """L16: the real ``HeartbeatTracker`` run on z3 times (:mod:`proofs.tracking`) does
+    what the naive model of spec §7 does on every feasible path of each scenario."""
+    return _run_obligations(
+        tracking.SYSTEM,
+        ("L16", "I11"),
+        tracking.checks(only),
+        "the tracker",
+        "the naive model does",
+    )
+
+
+def wire_obligations(only: str = "") -> list[Obligation]:
+    """L17: the wire codec (:mod:`proofs.codec`) is the grammar of spec §3.6 on every
+    input of a bounded set of its edge cases."""
+    return _run_obligations(
+        codec.SYSTEM, ("L17", "I13"), codec.checks(only), "the codec", "the spec's grammar does"
+    )
+
+
+def settings_obligations(only: str = "") -> list[Obligation]:
+    """L18: the settings and argument checks (:mod:`proofs.settings`) are the rules
+    C1-C7, spec §10's misuse and §5.3's first-contact check."""
+    return _run_obligations(
+        settings.SYSTEM,
+        ("L18", "I8"),
+        settings.checks(only),
+        "the code",
+        "the spec's rules do",
+    )
+
+
+def _run_obligations(
+    system: str, ids: tuple[str, ...], checks: list[tuple[str, Any]], code: str, oracle: str
+) -> list[Obligation]:
+    obs = []
+    for label, chk in checks:
+        bad = [z3.BoolVal(True)] if chk.error else [z3.Or(*(f for _, f in chk.bad))]
+
+        def show(m: Any, chk: Any = chk) -> list[str]:
+            where = [name for name, f in chk.bad if z3.is_true(m.eval(f, model_completion=True))]
+            values = " ".join(sorted(f"{d.name()}={m[d]}" for d in m.decls()))
+            return [f"on {where[0] if where else 'a path'}: {values}"]
+
+        obs.append(
+            Obligation(
+                system,
+                label,
+                ids,
+                "unsat",
+                [*chk.hyps, *bad],
+                show,
+                why=chk.error or f"a path through {code} does what {oracle} not",
+                crashed=bool(chk.error),
+            )
+        )
+    return obs
