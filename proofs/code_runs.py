@@ -9,7 +9,7 @@ from typing import Any
 
 import z3
 
-from . import codec, loops, settings, structures, tracking
+from . import clock_gate, codec, loops, settings, structures, tracking
 from .obligation import Obligation
 
 
@@ -61,6 +61,14 @@ def settings_obligations(only: str = "") -> list[Obligation]:
         settings.checks(only),
         "the code",
         "the spec's rules do",
+    )
+
+
+def clock_obligations(only: str = "") -> list[Obligation]:
+    """L19: ``ClockOffset`` and the read gate (:mod:`proofs.clock_gate`) are spec §8.7,
+    exactly, on every sequence of samples of a bounded pool."""
+    return _run_obligations(
+        clock_gate.SYSTEM, ("L19", "I9"), clock_gate.checks(only), "the clock", "spec §8.7 does"
     )
 
 

@@ -215,3 +215,33 @@ def test_a_first_contact_check_with_le_for_lt_fails_L18(monkeypatch: pytest.Monk
     monkeypatch.setattr(peer_mod, "mismatch", mismatch)
     failed = _failing(settings, "first_contact")
     assert failed and "raised" not in failed[0]
+
+
+# -- L19: the clock offset and the read gate -----------------------------------------------
+def test_the_clock_agrees_with_the_spec() -> None:
+    from proofs import clock_gate
+
+    assert _failing(clock_gate) == []
+
+
+def test_a_tie_that_replaces_the_kept_sample_fails_L19(monkeypatch: pytest.MonkeyPatch) -> None:
+    from leaseproto.core import clock as clock_mod
+    from proofs import clock_gate
+
+    real = clock_mod.R.aged_uncertainty
+    # new < aged(kept) becomes new <= aged(kept): a tie now replaces the kept sample
+    monkeypatch.setattr(
+        clock_mod.R,
+        "aged_uncertainty",
+        lambda u, age, rho: math.nextafter(real(u, age, rho), math.inf),
+    )
+    failed = _failing(clock_gate)
+    assert failed and "raised" not in failed[0]
+
+
+def test_a_gate_that_ignores_the_uncertainty_fails_L19(monkeypatch: pytest.MonkeyPatch) -> None:
+    from leaseproto.core import clock as clock_mod
+    from proofs import clock_gate
+
+    monkeypatch.setattr(clock_mod.ClockOffset, "uncertainty_at", lambda self, now: 0.0)
+    assert _failing(clock_gate)

@@ -191,9 +191,10 @@ def test_a_failed_test_is_classed_by_what_it_raised() -> None:
 def test_the_proofs_layer_runs_units_until_one_fails_by_behaviour(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A unit that fails only because the code raised (a crash) does not end the proofs
-    layer: a later unit can still fail by behaviour, which is the kill's kind; a unit
-    whose building raises is one crashed failure (proofs/units.py)."""
+    """A unit that fails only because the code raised (a crash) or z3 could not decide an
+    obligation in time (a timeout) does not end the proofs layer: a later unit can still
+    fail by behaviour, which is the kill's kind; a unit whose building raises is one
+    crashed failure (proofs/units.py)."""
     import mutation_layers
     import z3
     from leaseproto.proofs import check, units
@@ -232,6 +233,17 @@ def test_the_proofs_layer_runs_units_until_one_fails_by_behaviour(
     record = {}
     assert mutation_layers._run_proofs(["b", "c"], record, None)
     assert record["kind"] == "crash" and record["first"].startswith("b: [s] raised")
+    x, y, w = z3.Ints("x y w")  # z3 cannot decide it in time: a timeout, not behaviour
+    hard = [x > 0, y > 0, w > 0, x * x * x + y * y * y == w * w * w]
+    undecided = check.Obligation("s", "fermat 3", (), "unsat", hard)
+    monkeypatch.setitem(units.UNITS, "f", unit("f", [undecided]))
+    monkeypatch.setattr(mutation_layers, "PROOF_TIMEOUT_MS", 50)
+    record = {}
+    assert mutation_layers._run_proofs(["f", "a"], record, None)
+    assert record["kind"] == "timeout" and record["obligations_unknown"] == 1
+    record = {}
+    assert mutation_layers._run_proofs(["f", "e"], record, None)
+    assert record["kind"] == "behaviour"
     record = {}
     assert not mutation_layers._run_proofs(["a"], record, None)
     assert "kind" not in record

@@ -220,31 +220,38 @@ def _run_checker(units: list[str] | None, record: dict[str, Any], limits: Limits
     return False
 
 
+#: z3's limit per obligation in the proofs layer (wall clock: 3 times prove's own, for a
+#: machine shared with other work); an obligation it cannot decide by then is a timeout
+PROOF_TIMEOUT_MS = 60_000
+
+
 def _run_proofs(units: list[str] | None, record: dict[str, Any], limits: Limits | None) -> bool:
     """``leaseproto prove``'s units (``proofs/units.py``; None: all), in the order given,
     until one fails an obligation by behaviour: a unit that fails only because the
-    code under proof raised (a crash) does not stop the run, so a later unit can
-    still tell wrong behaviour."""
+    code under proof raised (a crash) or z3 could not decide an obligation in time (a
+    timeout) does not stop the run, so a later unit can still tell wrong behaviour."""
     from leaseproto.proofs.units import UNITS, run_unit
 
-    failed = crashed = 0
+    failed = crashed = unknown = 0
     out = io.StringIO()
     for name in units if units is not None else list(UNITS):
         if limits is not None:
             limits.arm(name)
-        f, c = run_unit(name, out)
+        f, c, u = run_unit(name, out, PROOF_TIMEOUT_MS)
         if limits is not None:
             limits.disarm()
-        failed, crashed = failed + f, crashed + c
+        failed, crashed, unknown = failed + f, crashed + c, unknown + u
         if f:
             record.setdefault("first", f"{name}: {_first_fail(out.getvalue())}"[:200])
-        if f > c:
+        if f > c + u:
             record["first"] = f"{name}: {_first_fail(out.getvalue(), crashed=False)}"[:200]
             break
     record["obligations_failed"] = failed
     record["obligations_crashed"] = crashed
+    record["obligations_unknown"] = unknown
     if failed:
-        record["kind"] = "crash" if crashed == failed else "behaviour"
+        wrong = failed - crashed - unknown
+        record["kind"] = "behaviour" if wrong else "crash" if crashed else "timeout"
     return failed != 0
 
 

@@ -146,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
     import pytest  # noqa: F401
     import z3  # noqa: F401
 
-    os.environ["PYTHONHASHSEED"] = "0"
+    os.environ["PYTHONHASHSEED"] = "0"  # for any process a layer starts
     os.environ["HYPOTHESIS_PROFILE"] = "ci"
     tmp = Path(args.tmp)
     tmp.mkdir(parents=True, exist_ok=True)
@@ -318,6 +318,15 @@ def report(path: Path, markdown: bool = False) -> None:
             print(f"  {r['where']} {r['what']} [reached by {reached}] {verdict}\n    {k}")
 
 
+def _deterministic() -> None:
+    """Runs again under ``PYTHONHASHSEED=0`` unless already: the forked layers inherit
+    this process's hash seed, and set and dict orders (hence the terms z3 is given, and
+    its time on them) must be the same in the baseline and in every mutant's run."""
+    if os.environ.get("PYTHONHASHSEED") != "0":
+        os.environ["PYTHONHASHSEED"] = "0"
+        os.execv(sys.executable, [sys.executable, *sys.argv])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
@@ -351,6 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.report:
         report(Path(args.report), markdown=args.markdown)
         return 0
+    if argv is None:
+        _deterministic()
     return run(args)
 
 
