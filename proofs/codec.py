@@ -41,6 +41,9 @@ _MOST = 4
 _LONG = "x" * 512
 IDS: list[Any] = [
     "a",
+    "abc\t",
+    "a" * 12,
+    "a" * 13,
     "req-1",
     "ab",
     "abc",
@@ -113,6 +116,16 @@ class _Mismatches:
         return Check([], [(f, z3.BoolVal(True)) for f in self.found])
 
 
+def _plain(rid: object, size: int) -> bool:
+    """``plain_id``'s contract (its docstring): yes exactly for an ASCII, printable str
+    longer than a reserved stem and of at most ``size`` and 512 bytes, with no ``,`` and
+    no reserved prefix; the callers' common case, decided without ``id_problem``."""
+    if type(rid) is not str or not 2 < len(rid) <= min(size, N.ID_MAX_BYTES):
+        return False
+    reserved = rid.startswith(("HB:", "AB:", "OK:", "NK:", "LL:"))
+    return rid.isascii() and rid.isprintable() and "," not in rid and not reserved
+
+
 def _ids() -> Check:
     m = _Mismatches()
     for rid in IDS:
@@ -125,8 +138,9 @@ def _ids() -> Check:
         )
         for size in SIZES:
             fits = ok and len(rid.encode()) <= size
+            m.same(f"plain_id({rid!r}, {size})", W.plain_id(rid, size), _plain(rid, size))
             if W.plain_id(rid, size) and not fits:  # a sufficient check: never a wrong yes
-                m.same(f"plain_id({rid!r}, {size})", True, False)
+                m.same(f"plain_id({rid!r}, {size}) of an id that does not fit", True, False)
             got = _outcome(LocalProtocolError, check_wire_id, rid, size)
             m.same(f"check_wire_id({rid!r}, {size})", got, rid if fits else "LocalProtocolError")
     return m.check()

@@ -159,6 +159,8 @@ class Check:
     hyps: list[Any]
     bad: list[tuple[str, Any]]
     error: str = ""
+    #: a path was found on which the code plainly differs (the obligation fails)
+    refuted: bool = False
 
 
 # -- renewals (spec §8.2) ------------------------------------------------------------------

@@ -30,6 +30,7 @@ and ``grant`` checks the deadline's finiteness by comparison. Durations are conc
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import fields
@@ -42,7 +43,7 @@ from leaseproto.core.errors import LocalProtocolError
 from leaseproto.core.table import LeaseTable
 
 from .loops import Check
-from .symexec import Explorer, HSym, agree, explore
+from .symexec import Explorer, HSym, agree, explore, scenarios
 from .table_oracle import OracleTable
 
 SYSTEM = "structures"
@@ -284,9 +285,5 @@ def scenario_check(name: str, config: LeaseConfig, steps: list[Step]) -> Check:
 
 def checks(only: str = "") -> list[tuple[str, Check]]:
     """Every scenario's check (those whose label contains ``only``)."""
-    out = []
-    for name, config, steps in SCENARIOS:
-        label = f"L15 LeaseTable = naive model: {name}"
-        if only in label:
-            out.append((label, scenario_check(name, config, steps)))
-    return out
+    todo = [(name, functools.partial(scenario_check, name, c, st)) for name, c, st in SCENARIOS]
+    return scenarios("L15 LeaseTable = naive model: ", only, todo)

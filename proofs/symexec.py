@@ -17,7 +17,7 @@ import contextlib
 import math
 import operator
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import fields, is_dataclass
 from typing import Any
 
@@ -177,6 +177,26 @@ def agree(got: Any, want: Any) -> Any:
     return bool(got == want)
 
 
+#: stop building a system's checks at the first one plainly refuted (the mutation run's
+#: proofs layer sets it: one failed obligation decides a mutant; ``prove`` builds all)
+FAIL_FAST = False
+
+
+def scenarios(
+    label: str, only: str, todo: Sequence[tuple[str, Callable[[], Check]]]
+) -> list[tuple[str, Check]]:
+    """Each ``(name, build)`` of ``todo`` whose label (``label`` and the name) contains
+    ``only``, built; under :data:`FAIL_FAST`, none after the first refuted one."""
+    out = []
+    for name, build in todo:
+        if only in f"{label}{name}":
+            chk = build()
+            out.append((f"{label}{name}", chk))
+            if FAIL_FAST and chk.refuted:
+                break
+    return out
+
+
 def explore(
     check: Check, name: str, ex: Explorer, run: Callable[[], list[tuple[str, Any]]]
 ) -> Check:
@@ -193,6 +213,7 @@ def explore(
                     check.bad.append((f"{name}, {label}", bad))
                     refuted = refuted or ok is False
             if refuted:
+                check.refuted = True
                 break
     except Exception as exc:  # the code did what no path can: the check fails
         check.error = f"{name}: raised {type(exc).__name__}: {exc}"

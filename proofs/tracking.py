@@ -29,6 +29,7 @@ checked by ``tests/test_tracker.py`` on doubles.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import fields
@@ -42,7 +43,7 @@ from leaseproto.core.errors import LocalProtocolError
 from leaseproto.core.tracker import HeartbeatTracker
 
 from .loops import Check
-from .symexec import Explorer, HSym, SymMath, agree, explore, symbolic_math
+from .symexec import Explorer, HSym, SymMath, agree, explore, scenarios, symbolic_math
 
 SYSTEM = "tracker"
 
@@ -208,9 +209,5 @@ def scenario_check(name: str, steps: list[Step]) -> Check:
 
 def checks(only: str = "") -> list[tuple[str, Check]]:
     """Every scenario's check (those whose label contains ``only``)."""
-    out = []
-    for name, steps in SCENARIOS:
-        label = f"L16 HeartbeatTracker = naive model: {name}"
-        if only in label:
-            out.append((label, scenario_check(name, steps)))
-    return out
+    todo = [(name, functools.partial(scenario_check, name, steps)) for name, steps in SCENARIOS]
+    return scenarios("L16 HeartbeatTracker = naive model: ", only, todo)

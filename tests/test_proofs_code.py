@@ -245,3 +245,18 @@ def test_a_gate_that_ignores_the_uncertainty_fails_L19(monkeypatch: pytest.Monke
 
     monkeypatch.setattr(clock_mod.ClockOffset, "uncertainty_at", lambda self, now: 0.0)
     assert _failing(clock_gate)
+
+
+def test_fail_fast_stops_a_system_at_its_first_refuted_check(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The mutation run's proofs layer builds a system's checks only up to the first one
+    a path plainly refutes (one failed obligation decides a mutant); prove builds all."""
+    from proofs import symexec
+
+    monkeypatch.setattr(R, "heartbeat_due", lambda last, now, interval: now - last > interval)
+    every = tracking.checks()
+    monkeypatch.setattr(symexec, "FAIL_FAST", True)
+    first = tracking.checks()
+    assert len(every) == len(tracking.SCENARIOS) > len(first) >= 1
+    assert first[-1][1].refuted and not any(c.refuted for _, c in first[:-1])

@@ -230,8 +230,10 @@ def _run_proofs(units: list[str] | None, record: dict[str, Any], limits: Limits 
     until one fails an obligation by behaviour: a unit that fails only because the
     code under proof raised (a crash) or z3 could not decide an obligation in time (a
     timeout) does not stop the run, so a later unit can still tell wrong behaviour."""
+    from leaseproto.proofs import symexec
     from leaseproto.proofs.units import UNITS, run_unit
 
+    symexec.FAIL_FAST = True  # this child's own copy: a system stops at its first refutation
     failed = crashed = unknown = 0
     out = io.StringIO()
     for name in units if units is not None else list(UNITS):
