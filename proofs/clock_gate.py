@@ -125,6 +125,23 @@ def _observe(m: _Mismatches, what: str, code: ClockOffset, spec: SpecClock, *, f
                 )
 
 
+def _sequence(m: _Mismatches, rho: float, seq: Any, bad: Any) -> None:
+    """One sequence of samples, every answer compared after it."""
+    code, spec = ClockOffset(rho=rho), SpecClock(rho)
+    for t0, t1, remote in seq:
+        got = code.add_sample(t0=t0, remote_time=remote, t1=t1)
+        want = spec.add_sample(t0=t0, remote_time=remote, t1=t1)
+        m.same(f"rho={rho} samples {[s[:2] for s in seq]}: add_sample", got, want)
+    if len(seq) != 1:
+        _observe(m, f"rho={rho} samples {seq}", code, spec, full=not seq)
+        return
+    err = (ValueError, LocalProtocolError)
+    for b0, b1, b_remote in bad:
+        got = _outcome(err, code.add_sample, t0=b0, remote_time=b_remote, t1=b1)
+        m.same(f"add_sample{(b0, b_remote, b1)}", got, "LocalProtocolError")
+    _observe(m, f"rho={rho} after misuse {seq}", code, spec, full=True)
+
+
 def _runs() -> Check:
     m = _Mismatches()
     err = (ValueError, LocalProtocolError)
@@ -143,24 +160,8 @@ def _runs() -> Check:
     sequences += list(itertools.product(_SAMPLES[::5], repeat=3))
     for rho in (0.0, 0.5):
         for seq in sequences:
-            n = len(seq)
-            if True:
-                code, spec = ClockOffset(rho=rho), SpecClock(rho)
-                for t0, t1, remote in seq:
-                    what = f"rho={rho} samples {[s[:2] for s in seq]}"
-                    got = code.add_sample(t0=t0, remote_time=remote, t1=t1)
-                    m.same(
-                        f"{what}: add_sample",
-                        got,
-                        spec.add_sample(t0=t0, remote_time=remote, t1=t1),
-                    )
-                if n != 1:
-                    _observe(m, f"rho={rho} samples {seq}", code, spec, full=n == 0)
-                if n == 1:
-                    for b0, b1, b_remote in bad:
-                        got = _outcome(err, code.add_sample, t0=b0, remote_time=b_remote, t1=b1)
-                        m.same(f"add_sample{(b0, b_remote, b1)}", got, "LocalProtocolError")
-                    _observe(m, f"rho={rho} after misuse {seq}", code, spec, full=True)
+            with m.case(f"rho={rho} samples {seq}"):
+                _sequence(m, rho, seq, bad)
     return m.check()
 
 

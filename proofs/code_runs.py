@@ -75,25 +75,38 @@ def clock_obligations(only: str = "") -> list[Obligation]:
 def _run_obligations(
     system: str, ids: tuple[str, ...], checks: list[tuple[str, Any]], code: str, oracle: str
 ) -> list[Obligation]:
+    """An obligation per check: no path or input differs. A check whose code raised adds
+    one that fails as a crash (what it compared before raising still has to agree)."""
     obs = []
     for label, chk in checks:
-        bad = [z3.BoolVal(True)] if chk.error else [z3.Or(*(f for _, f in chk.bad))]
 
         def show(m: Any, chk: Any = chk) -> list[str]:
             where = [name for name, f in chk.bad if z3.is_true(m.eval(f, model_completion=True))]
             values = " ".join(sorted(f"{d.name()}={m[d]}" for d in m.decls()))
             return [f"on {where[0] if where else 'a path'}: {values}"]
 
-        obs.append(
-            Obligation(
-                system,
-                label,
-                ids,
-                "unsat",
-                [*chk.hyps, *bad],
-                show,
-                why=chk.error or f"a path through {code} does what {oracle} not",
-                crashed=bool(chk.error),
+        if chk.bad or not chk.error:
+            obs.append(
+                Obligation(
+                    system,
+                    label,
+                    ids,
+                    "unsat",
+                    [*chk.hyps, z3.Or(False, *(f for _, f in chk.bad))],
+                    show,
+                    why=f"a path through {code} does what {oracle} not",
+                )
             )
-        )
+        if chk.error:
+            obs.append(
+                Obligation(
+                    system,
+                    f"{label}: runs without raising",
+                    ids,
+                    "unsat",
+                    [z3.BoolVal(True)],
+                    why=chk.error,
+                    crashed=True,
+                )
+            )
     return obs

@@ -20,8 +20,9 @@ obligation costs a fraction of a second.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import z3
@@ -33,6 +34,7 @@ from leaseproto.core.errors import LocalProtocolError
 from leaseproto.core.events import LateTransfer, Release, ReleaseReason, TransferCounted
 
 from .loops import Check
+from .symexec import Raised
 
 SYSTEM = "wire"
 #: the most mismatches one check records (each names its input)
@@ -90,11 +92,14 @@ SIZES = (12, 49, 64, 512, 4096)  # the max_id_bytes that check_wire_id is asked 
 
 
 def _outcome(errors: Any, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
-    """``fn(*args, **kw)``, or the name of the error among ``errors`` it raised."""
+    """``fn(*args, **kw)``, or the name of the error among ``errors`` it raised, or
+    :class:`~proofs.symexec.Raised` for any other exception (a crash)."""
     try:
         return fn(*args, **kw)
     except errors as exc:
         return type(exc).__name__
+    except Exception as exc:  # the code raised what the spec never makes it raise
+        return Raised(exc)
 
 
 def _decoded(payload: Any) -> Any:
@@ -103,17 +108,30 @@ def _decoded(payload: Any) -> Any:
 
 
 class _Mismatches:
-    """The inputs on which code and model differ, at most :data:`_MOST` of them."""
+    """The inputs on which code and model differ, at most :data:`_MOST` of them, and the
+    first on which the code raised (a crash: the other inputs are still compared)."""
 
     def __init__(self) -> None:
         self.found: list[str] = []
+        self.raised = ""
 
     def same(self, what: str, got: Any, want: Any) -> None:
-        if got != want and len(self.found) < _MOST:
+        if isinstance(got, Raised):
+            self.raised = self.raised or f"{what}: {got}"
+        elif got != want and len(self.found) < _MOST:
             self.found.append(f"{what}: the code gives {got!r:.80}, the spec {want!r:.80}")
 
+    @contextlib.contextmanager
+    def case(self, what: str) -> Iterator[None]:
+        """A block of comparisons: an exception out of it is the code's crash."""
+        try:
+            yield
+        except Exception as exc:
+            self.same(what, Raised(exc), None)
+
     def check(self) -> Check:
-        return Check([], [(f, z3.BoolVal(True)) for f in self.found])
+        found = [(f, z3.BoolVal(True)) for f in self.found]
+        return Check([], found, error=self.raised[:300], refuted=bool(found))
 
 
 def _plain(rid: object, size: int) -> bool:
@@ -130,7 +148,10 @@ def _ids() -> Check:
     m = _Mismatches()
     for rid in IDS:
         ok = N.id_ok(rid)
-        m.same(f"id_problem({rid!r})", W.id_problem(rid) is None, ok)
+        problem = _outcome((), W.id_problem, rid)
+        m.same(
+            f"id_problem({rid!r})", problem if isinstance(problem, Raised) else problem is None, ok
+        )
         m.same(
             f"check_id({rid!r})",
             _outcome(ValueError, W.check_id, rid),
@@ -138,8 +159,9 @@ def _ids() -> Check:
         )
         for size in SIZES:
             fits = ok and len(rid.encode()) <= size
-            m.same(f"plain_id({rid!r}, {size})", W.plain_id(rid, size), _plain(rid, size))
-            if W.plain_id(rid, size) and not fits:  # a sufficient check: never a wrong yes
+            plain = _outcome((), W.plain_id, rid, size)
+            m.same(f"plain_id({rid!r}, {size})", plain, _plain(rid, size))
+            if plain is True and not fits:  # a sufficient check: never a wrong yes
                 m.same(f"plain_id({rid!r}, {size}) of an id that does not fit", True, False)
             got = _outcome(LocalProtocolError, check_wire_id, rid, size)
             m.same(f"check_wire_id({rid!r}, {size})", got, rid if fits else "LocalProtocolError")
@@ -295,15 +317,16 @@ def _verdicts() -> Check:
         TransferCounted("a", 1.0, done=1, readers=2)
     ]
     for res in live:
-        m.same(f"verdict(a, {res!r})", W.verdict("a", res), W.Ok("a"))
+        m.same(f"verdict(a, {res!r})", _outcome((), W.verdict, "a", res), W.Ok("a"))
     for reason in ReleaseReason:
         res = LateTransfer("a", reason, 2.0, ended_at=1.0)
-        m.same(f"verdict(a, {res!r})", W.verdict("a", res), W.Nack("a", reason.value))
-        m.same(
-            f"lease_lost(a, {reason})", W.lease_lost("a", reason), W.LeaseLost("a", reason.value)
-        )
-    m.same("verdict(a, None)", W.verdict("a", None), W.Nack("a", "unknown"))
-    m.same("lease_lost(a, None)", W.lease_lost("a", None), W.LeaseLost("a", "unknown"))
+        got = _outcome((), W.verdict, "a", res)
+        m.same(f"verdict(a, {res!r})", got, W.Nack("a", reason.value))
+        got = _outcome((), W.lease_lost, "a", reason)
+        m.same(f"lease_lost(a, {reason})", got, W.LeaseLost("a", reason.value))
+    m.same("verdict(a, None)", _outcome((), W.verdict, "a", None), W.Nack("a", "unknown"))
+    got = _outcome((), W.lease_lost, "a", None)
+    m.same("lease_lost(a, None)", got, W.LeaseLost("a", "unknown"))
     for bad in (
         LateTransfer("b", ReleaseReason.EXPIRED, 2.0),
         Release("b", ReleaseReason.ABORTED, 1.0),

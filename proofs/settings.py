@@ -132,25 +132,29 @@ def _effective(given: dict[str, Any]) -> dict[str, Any]:
     return LeaseConfig(**given).as_dict()
 
 
+def _derived(m: _Mismatches, given: dict[str, Any], want: dict[str, Any]) -> None:
+    cfg = LeaseConfig(**given)
+    longest = min(512, want["max_notification_bytes"] - len("NK:transferred:"))
+    m.same(f"max_id_bytes of {given!r}", cfg.max_id_bytes, longest)
+    tol = _tolerated(want["heartbeat_interval"], want["lease_extension"])
+    if tol is not None:
+        m.same(f"tolerated_missed_heartbeats of {given!r}", cfg.tolerated_missed_heartbeats, tol)
+    extra = {**given, "other_connector_key": 1, "kv_role": "kv_producer"}
+    m.same(f"from_extra_config({extra!r})", LeaseConfig.from_extra_config(extra), cfg)
+
+
 def _config() -> Check:
     m = _Mismatches()
-    m.same("known_keys", set(LeaseConfig.known_keys()), {*_DURATIONS, *_COUNTS})
+    with m.case("known_keys"):
+        m.same("known_keys", set(LeaseConfig.known_keys()), {*_DURATIONS, *_COUNTS})
     for given in _config_cases():
         want = expected_config(given)
         got = _outcome(ValueError, _effective, given)
         m.same(f"LeaseConfig(**{given!r})", got, "ValueError" if want is None else want)
-        if want is None:
+        if want is None or not isinstance(got, dict):
             continue
-        cfg = LeaseConfig(**given)
-        longest = min(512, want["max_notification_bytes"] - len("NK:transferred:"))
-        m.same(f"max_id_bytes of {given!r}", cfg.max_id_bytes, longest)
-        tol = _tolerated(want["heartbeat_interval"], want["lease_extension"])
-        if tol is not None:
-            m.same(
-                f"tolerated_missed_heartbeats of {given!r}", cfg.tolerated_missed_heartbeats, tol
-            )
-        extra = {**given, "other_connector_key": 1, "kv_role": "kv_producer"}
-        m.same(f"from_extra_config({extra!r})", LeaseConfig.from_extra_config(extra), cfg)
+        with m.case(f"LeaseConfig(**{given!r})'s derived values"):
+            _derived(m, given, want)
     for bad in ([("kv_lease_duration", 30.0)], "kv_lease_duration=30", None):
         got = _outcome(ValueError, LeaseConfig.from_extra_config, bad)
         m.same(f"from_extra_config({bad!r})", got, "ValueError")
@@ -205,11 +209,9 @@ def _checks() -> Check:
 def _parse() -> Check:
     m = _Mismatches()
     good = {"kv_lease_duration": 30.0, "lease_extension": 20.0, "heartbeat_interval": 5.0}
-    m.same(
-        "parse(advertisement)",
-        P.PeerLease.parse(P.advertisement(LeaseConfig())),
-        P.PeerLease(30.0, 20.0, 5.0, None),
-    )
+    with m.case("parse(advertisement)"):
+        got = P.PeerLease.parse(P.advertisement(LeaseConfig()))
+        m.same("parse(advertisement)", got, P.PeerLease(30.0, 20.0, 5.0, None))
     values: list[Any] = [_ABSENT, None, 0, -1.0, 0.5, 7, math.nan, math.inf, True, "5"]
     for key in (*good, "max_lease_lifetime"):
         for x in values:
@@ -263,7 +265,7 @@ def _first_contact() -> Check:
     for h in (1.0, 5.0):
         ex = Explorer(hyps)
 
-        def run(h: float = h, ex: Explorer = ex) -> list[tuple[str, Any]]:
+        def run(out: list[tuple[str, Any]], h: float = h, ex: Explorer = ex) -> None:
             def s(t: Any) -> HSym:
                 return HSym(t, ex)
 
@@ -277,7 +279,7 @@ def _first_contact() -> Check:
             pairs = [("why", _names(why, first, broken=broken, e=e, big_l=big_l, h=h, step=step))]
             want_warn = z3.If(first == 0, warned, 0)
             pairs.append(("warning", _rank_is(warn, want_warn)))
-            return [(f"H={h:g}: {k}", v) for k, v in pairs]
+            out.extend((f"H={h:g}: {k}", v) for k, v in pairs)
 
         explore(check, f"first_contact H={h:g}", ex, run)
     return check

@@ -266,9 +266,8 @@ def scenario_check(name: str, config: LeaseConfig, steps: list[Step]) -> Check:
     check = Check(hyps, [])
     ex = Explorer(hyps)
 
-    def run() -> list[tuple[str, Any]]:
+    def run(pairs: list[tuple[str, Any]]) -> None:
         table, model = LeaseTable(config), OracleTable(config)
-        pairs: list[tuple[str, Any]] = []
         for i, (op, args) in enumerate(steps):
             at = args.get("now", ordered[i])
             now = HSym(free[i] if at is FREE else at, ex) if z3.is_expr(at) or at is FREE else at
@@ -278,7 +277,6 @@ def scenario_check(name: str, config: LeaseConfig, steps: list[Step]) -> Check:
             pairs.append((label, agree(got, want)))
             for what, (g, w) in _observe(table, model).items():
                 pairs.append((f"{label}: {what}", agree(g, w)))
-        return pairs
 
     return explore(check, name, ex, run)
 

@@ -37,6 +37,16 @@ _MIRROR = {operator.lt: operator.gt, operator.le: operator.ge, operator.gt: oper
 _MIRROR |= {operator.ge: operator.le, operator.eq: operator.eq, operator.ne: operator.ne}
 
 
+class Raised:
+    """What a run that raised returns in place of its result."""
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+    def __str__(self) -> str:
+        return f"raised {type(self.exc).__name__}: {self.exc}"
+
+
 class Explorer(Paths):
     """Every feasible path through a function whose code branches on z3 terms: a
     branch is a choice only where both ways are satisfiable with the path so far."""
@@ -83,12 +93,15 @@ class Explorer(Paths):
         self.solver.add(cond)
 
     def runs(self, fn: Callable[[], Any]) -> Iterator[tuple[Any, Any]]:
-        """``(path condition, fn's result)`` for every feasible path through ``fn``."""
+        """``(path condition, fn's result)`` for every feasible path through ``fn``; a path
+        on which ``fn`` raises yields :class:`Raised` as its result."""
         self.forced, self.open = [], []
         while True:
             self.taken, self.conds = [], []
             try:
                 result = fn()
+            except Exception as exc:  # the path ends here; the others are still run
+                result = Raised(exc)
             finally:
                 self.solver.pop(len(self.conds))
             yield z3.And(*self.conds), result
@@ -198,25 +211,32 @@ def scenarios(
 
 
 def explore(
-    check: Check, name: str, ex: Explorer, run: Callable[[], list[tuple[str, Any]]]
+    check: Check, name: str, ex: Explorer, run: Callable[[list[tuple[str, Any]]], None]
 ) -> Check:
-    """Adds to ``check`` a disjunct for every (path, label) where ``run``'s pair
-    (label, agreement) can fail; a run that raises fails the check (``error``). A
-    path whose pair is plainly False refutes the check (every path the explorer runs
-    is feasible): the paths after it are not run."""
-    try:
-        for pc, pairs in ex.runs(run):
-            refuted = False
-            for label, ok in pairs:
-                if ok is not True and not (z3.is_expr(ok) and z3.is_true(ok)):
-                    bad = pc if ok is False else z3.And(pc, z3.Not(ok))
-                    check.bad.append((f"{name}, {label}", bad))
-                    refuted = refuted or ok is False
-            if refuted:
-                check.refuted = True
-                break
-    except Exception as exc:  # the code did what no path can: the check fails
-        check.error = f"{name}: raised {type(exc).__name__}: {exc}"
+    """Adds to ``check`` a disjunct for every (path, label) where a pair (label,
+    agreement) that ``run`` appends can fail. A path on which the code raises records
+    the first such error in ``check.error`` (a crash); what the run compared before it
+    raised still counts, and the other paths are still run. A path whose pair is
+    plainly False refutes the check (every path the explorer runs is feasible): the
+    paths after it are not run."""
+    pairs: list[tuple[str, Any]] = []
+
+    def attempt() -> None:
+        pairs.clear()
+        run(pairs)
+
+    for pc, result in ex.runs(attempt):
+        refuted = False
+        for label, ok in pairs:
+            if ok is not True and not (z3.is_expr(ok) and z3.is_true(ok)):
+                bad = pc if ok is False else z3.And(pc, z3.Not(ok))
+                check.bad.append((f"{name}, {label}", bad))
+                refuted = refuted or ok is False
+        if isinstance(result, Raised) and not check.error:
+            check.error = f"{name}: {result}"[:300]
+        if refuted:
+            check.refuted = True
+            break
     return check
 
 

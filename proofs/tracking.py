@@ -180,10 +180,9 @@ def scenario_check(name: str, steps: list[Step]) -> Check:
     check = Check(hyps, [])
     ex = Explorer(hyps)
 
-    def run() -> list[tuple[str, Any]]:
+    def run(pairs: list[tuple[str, Any]]) -> None:
         tr, model = HeartbeatTracker(CONFIG), NaiveTracker(CONFIG)
         shim = SymMath()
-        pairs: list[tuple[str, Any]] = []
         with symbolic_math(shim):
             for i, (op, args) in enumerate(steps):
                 when = args.get("now", "ordered")
@@ -202,7 +201,6 @@ def scenario_check(name: str, steps: list[Step]) -> Check:
                     pairs.append((f"{label}: payloads", cuts))
                 for what, (g, w) in _observe(tr, model).items():
                     pairs.append((f"{label}: {what}", agree(g, w)))
-        return pairs
 
     return explore(check, name, ex, run)
 

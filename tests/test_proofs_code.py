@@ -260,3 +260,28 @@ def test_fail_fast_stops_a_system_at_its_first_refuted_check(
     first = tracking.checks()
     assert len(every) == len(tracking.SCENARIOS) > len(first) >= 1
     assert first[-1][1].refuted and not any(c.refuted for _, c in first[:-1])
+
+
+def test_a_path_that_raises_does_not_hide_the_others(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A path on which the code raises is a crash, but the scenario's other paths are
+    still run, and a wrong answer on one of them (or before the raise) fails the
+    obligation by behaviour (proofs/code_runs.py makes both obligations)."""
+    from proofs import code_runs
+
+    real = tracker_mod.HeartbeatTracker.due
+
+    def due(self: tracker_mod.HeartbeatTracker, *, now: float, pending: Any = ()) -> Any:
+        if self._c["heartbeats"] >= 2:  # raise once two heartbeats went out
+            raise KeyError("f")
+        out = real(self, now=now, pending=pending)
+        return {e: ids[1:] for e, ids in out.items()}  # and drop an id before that
+
+    monkeypatch.setattr(tracker_mod.HeartbeatTracker, "due", due)
+    obs = code_runs.tracker_obligations("two engines")
+    assert [o.crashed for o in obs] == [False, True]
+    import io
+
+    from leaseproto.proofs import check
+
+    assert check.discharge(obs, io.StringIO()) == 2
+    assert check.LAST_RUN["crashed"] == 1  # one failed by behaviour, one by the raise
