@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import numbers
 import operator
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -238,6 +239,9 @@ def explore(
             check.refuted = True
             break
     return check
+
+
+numbers.Real.register(HSym)  # a symbolic time is a real number (naive models ask)
 
 
 class SymMath:

@@ -13,6 +13,7 @@ and changes nothing, as the tracker does.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Collection
 from typing import Any
 
@@ -24,12 +25,13 @@ __all__ = ["NaiveTracker"]
 
 
 def _is_time(now: object) -> bool:
-    """A finite number, not a bool; a symbolic time (``proofs/``) is a finite real."""
+    """A finite number, not a bool; a real number of another type (the proofs' symbolic
+    times register as :class:`numbers.Real`) is taken as a finite real."""
     if isinstance(now, bool):
         return False
     if isinstance(now, (int, float)):
         return math.isfinite(now)
-    return hasattr(now, "paths")
+    return isinstance(now, numbers.Real)
 
 
 class NaiveTracker:
