@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+from collections.abc import Iterator
 from dataclasses import fields
 from typing import Any
 
@@ -40,7 +41,7 @@ import z3
 
 from leaseproto.core.config import LeaseConfig
 from leaseproto.core.errors import LocalProtocolError
-from leaseproto.core.table import LeaseTable
+from leaseproto.core.table import LeaseTable, TableStats
 
 from .loops import Check
 from .symexec import Explorer, HSym, agree, explore, scenarios
@@ -108,6 +109,8 @@ BAD: list[Step] = [
     ("abort", {"now": math.inf}),
     ("transfer_done", {"now": -math.inf}),
     ("renew_heartbeat", {"payload": b"HB:a", "now": math.nan}),
+    ("renew_heartbeat", {"payload": b"HB:a", "now": "5"}),
+    ("renew", {"ids": ["a"], "now": "5"}),
     ("lost_reason", {"now": math.nan}),
 ]
 HEARTBEATS: list[Step] = [
@@ -165,6 +168,12 @@ SCENARIOS: list[tuple[str, LeaseConfig, list[Step]]] = [
         [G, ("churn", {"n": 1030, "now": 0.0}), EX],
     ),
     (
+        "a first heartbeat at -inf is refused",
+        CONFIG,
+        [("renew_heartbeat", {"payload": b"HB:a", "now": -math.inf}), G, EX],
+    ),
+    ("staging forgets its oldest entry first", CAPPED, [TD, TDB, EX, GB, G]),
+    (
         "an overflowing deadline is refused",
         CONFIG,
         [
@@ -182,27 +191,28 @@ def _model_next(model: OracleTable) -> Any:
     return min(ds) if ds else None
 
 
-def _observe(table: LeaseTable, model: OracleTable) -> dict[str, Any]:
-    """What the table shows after a step, and the model's of it: (got, want) pairs."""
-    stats = table.stats
-    counts = {f.name: getattr(stats, f.name) for f in fields(stats)}
-    want_counts = {k: model.counts.get(k, 0) for k in counts} | {"live": len(model.leases)}
-    ended = {r: table.ended(r) for r in _IDS}
-    want_ended = {r: (model.ended[r][0] if r in model.ended else None) for r in _IDS}
-    return {
-        "live": (table.live(), list(model.leases)),
-        "held": (
-            [len(table), *(r in table for r in _IDS)],
-            [len(model), *(r in model for r in _IDS)],
-        ),
-        "deadline": (
-            {r: table.deadline(r) for r in _IDS},
-            {r: (model.leases[r]["deadline"] if r in model.leases else None) for r in _IDS},
-        ),
-        "lease_info": ([table.lease_info(r) for r in _IDS], [model.lease_info(r) for r in _IDS]),
-        "ended": (ended, want_ended),
-        "counters": (counts, want_counts),
-    }
+def _observe(table: LeaseTable, model: OracleTable) -> Iterator[tuple[str, Any, Any]]:
+    """What the table shows after a step, and the model's of it, one at a time (so what
+    is compared before a query raises still counts)."""
+    yield "live", table.live(), list(model.leases)
+    held = [len(table), *(r in table for r in _IDS)]
+    yield "held", held, [len(model), *(r in model for r in _IDS)]
+    leases = model.leases
+    got = {r: table.deadline(r) for r in _IDS}
+    yield "deadline", got, {r: (leases[r]["deadline"] if r in leases else None) for r in _IDS}
+    yield "lease_info", [table.lease_info(r) for r in _IDS], [model.lease_info(r) for r in _IDS]
+    ends = {r: table.ended(r) for r in _IDS}
+    yield "ended", ends, {r: (model.ended[r][0] if r in model.ended else None) for r in _IDS}
+    yield "counters", _counts(table.stats), _model_counts(model)
+
+
+def _counts(stats: TableStats) -> dict[str, int]:
+    return {f.name: getattr(stats, f.name) for f in fields(stats)}
+
+
+def _model_counts(model: OracleTable) -> dict[str, int]:
+    names = [f.name for f in fields(TableStats)]
+    return {k: model.counts.get(k, 0) for k in names} | {"live": len(model.leases)}
 
 
 def _churn(obj: Any, n: int, now: float) -> None:
@@ -268,6 +278,8 @@ def scenario_check(name: str, config: LeaseConfig, steps: list[Step]) -> Check:
 
     def run(pairs: list[tuple[str, Any]]) -> None:
         table, model = LeaseTable(config), OracleTable(config)
+        # the record's defaults: a table that counted nothing
+        pairs.append(("TableStats()", agree(_counts(TableStats()), _model_counts(model))))
         for i, (op, args) in enumerate(steps):
             at = args.get("now", ordered[i])
             now = HSym(free[i] if at is FREE else at, ex) if z3.is_expr(at) or at is FREE else at
@@ -275,7 +287,7 @@ def scenario_check(name: str, config: LeaseConfig, steps: list[Step]) -> Check:
             want = _step(model, op, args, now, model=True)
             label = f"step {i} {op}"
             pairs.append((label, agree(got, want)))
-            for what, (g, w) in _observe(table, model).items():
+            for what, g, w in _observe(table, model):
                 pairs.append((f"{label}: {what}", agree(g, w)))
 
     return explore(check, name, ex, run)

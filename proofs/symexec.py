@@ -142,6 +142,11 @@ class HSym(Sym):
             return HSym(z3.BoolVal(f is operator.ne), self.paths)  # NaN compares unequal
         if isinstance(other, bool):  # Python's: a bool is the int 0 or 1
             other = int(other)
+        elif not isinstance(other, (int, float, Sym)) and not z3.is_expr(other):
+            # what a float does with a str, None...: z3 would read "5" as a number
+            if f in (operator.eq, operator.ne):
+                return HSym(z3.BoolVal(f is operator.ne), self.paths)
+            raise TypeError(f"a time and a {type(other).__name__}")
         a, b = self.t, _term(other)
         return HSym(f(b, a) if flip else f(a, b), self.paths)
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+from collections.abc import Iterator
 from dataclasses import fields
 from typing import Any
 
@@ -40,7 +41,7 @@ import z3
 from leaseproto.checker.naive_tracker import NaiveTracker
 from leaseproto.core.config import LeaseConfig
 from leaseproto.core.errors import LocalProtocolError
-from leaseproto.core.tracker import HeartbeatTracker
+from leaseproto.core.tracker import HeartbeatTracker, TrackerStats
 
 from .loops import Check
 from .symexec import Explorer, HSym, SymMath, agree, explore, scenarios, symbolic_math
@@ -91,13 +92,18 @@ BAD: list[Step] = [
     ("track", {"req": 5, "engine": "e", "remote": "p5"}),
     ("track", {"req": "r5", "engine": "e", "now": math.nan}),
     ("track", {"req": "r5", "engine": "e", "now": True}),
+    ("track", {"req": "r5", "engine": "e", "now": False}),
+    ("track", {"req": "r5", "engine": "e", "now": "5"}),
     ("track", {"req": "r5", "engine": "e", "now": math.inf}),
     ("due", {"now": -math.inf}),
     ("due", {"now": False}),
+    ("due", {"now": True}),
+    ("due", {"now": "5"}),
 ]
 
 SCENARIOS: list[tuple[str, list[Step]]] = [
     ("one engine, heartbeats every interval", [T1, D, D, ND, D, T2, D, U1, ND, D, U3]),
+    ("an empty tracker", [D, ND, UX, XE, ("due", {"now": True}), T1, D]),
     ("two engines, one pending", [T1, T3, DE, D, T2, DF, D, DE]),
     ("untrack forgets, a new engine is due at once", [T3, T1, D, U3, ND, T3, D, D, UX, D]),
     ("drop an engine", [T1, T2, T3, D, XE, ND, D, XF, XE, D, ND]),
@@ -111,7 +117,7 @@ SCENARIOS: list[tuple[str, list[Step]]] = [
 ]
 
 #: the sizes each ``due`` list is cut at (None: the config's)
-_SIZES = (None, 3, 4, 5, 7, 8, 10, 11, 51, 52)
+_SIZES = (3, 4, 5, 7, 8, 10, 11, 51, 52, None)
 
 
 def _call(obj: Any, op: str, args: dict[str, Any], now: Any) -> Any:
@@ -124,7 +130,8 @@ def _call(obj: Any, op: str, args: dict[str, Any], now: Any) -> Any:
             )
         elif op == "due":
             value = obj.due(now=now, pending=args.get("pending", ()))
-            value = list(value.items())  # the engines' order is part of the answer
+            if isinstance(value, dict):  # the engines' order is part of the answer
+                value = list(value.items())
         elif op == "untrack":
             value = obj.untrack(args["req"])
         elif op == "drop_engine":
@@ -138,38 +145,32 @@ def _call(obj: Any, op: str, args: dict[str, Any], now: Any) -> Any:
     return ("ok", value)
 
 
-def _cuts(obj: Any, due: Any) -> list[Any]:
-    out = []
-    for _, ids in due:
-        for size in _SIZES:
-            try:
-                out.append(obj.payloads(list(ids), max_bytes=size))
-            except ValueError:
-                out.append("value error")
-    return out
+def _cut(obj: Any, ids: list[str], size: int | None) -> Any:
+    try:
+        return obj.payloads(list(ids), max_bytes=size)
+    except ValueError:
+        return "value error"
 
 
 _REQS = ("r1", "r2", "r3", "r4", "r5", "nobody")
 _ENGINES = ("e", "f", "g")
 
 
-def _observe(tr: HeartbeatTracker, model: NaiveTracker) -> dict[str, tuple[Any, Any]]:
-    st = tr.stats
-    return {
-        "engines": (tr.engines(), model.engines()),
-        "requests": (
-            [tr.requests(e) for e in _ENGINES],
-            [model.request_ids(e) for e in _ENGINES],
-        ),
-        "engine_of": ([tr.engine_of(r) for r in _REQS], [model.engine_of(r) for r in _REQS]),
-        "remote_id": ([tr.remote_id(r) for r in _REQS], [model.remote_id(r) for r in _REQS]),
-        "tracked": (
-            [len(tr), *(r in tr for r in _REQS)],
-            [len(model.requests), *(r in model.requests for r in _REQS)],
-        ),
-        "stats": ({f.name: getattr(st, f.name) for f in fields(st)}, model.stats()),
-        "next_due": (tr.next_due(), model.next_due()),
-    }
+def _counts(stats: TrackerStats) -> dict[str, int]:
+    return {f.name: getattr(stats, f.name) for f in fields(stats)}
+
+
+def _observe(tr: HeartbeatTracker, model: NaiveTracker) -> Iterator[tuple[str, Any, Any]]:
+    """What the tracker shows after a step, and the model's of it, one at a time (so
+    what is compared before a query raises still counts)."""
+    yield "engines", tr.engines(), model.engines()
+    yield "requests", [tr.requests(e) for e in _ENGINES], [model.request_ids(e) for e in _ENGINES]
+    yield "engine_of", [tr.engine_of(r) for r in _REQS], [model.engine_of(r) for r in _REQS]
+    yield "remote_id", [tr.remote_id(r) for r in _REQS], [model.remote_id(r) for r in _REQS]
+    got = [len(tr), *(r in tr for r in _REQS)]
+    yield "tracked", got, [len(model.requests), *(r in model.requests for r in _REQS)]
+    yield "stats", _counts(tr.stats), model.stats()
+    yield "next_due", tr.next_due(), model.next_due()
 
 
 def scenario_check(name: str, steps: list[Step]) -> Check:
@@ -183,6 +184,8 @@ def scenario_check(name: str, steps: list[Step]) -> Check:
     def run(pairs: list[tuple[str, Any]]) -> None:
         tr, model = HeartbeatTracker(CONFIG), NaiveTracker(CONFIG)
         shim = SymMath()
+        zero = TrackerStats()  # the record's defaults: a tracker that counted nothing
+        pairs.append(("TrackerStats()", agree(_counts(zero), model.stats())))
         with symbolic_math(shim):
             for i, (op, args) in enumerate(steps):
                 when = args.get("now", "ordered")
@@ -196,10 +199,12 @@ def scenario_check(name: str, steps: list[Step]) -> Check:
                 got, want = _call(tr, op, args, now), _call(model, op, args, now)
                 label = f"step {i} {op}"
                 pairs.append((label, agree(got, want)))
-                if op == "due" and got[0] == want[0] == "ok":
-                    cuts = agree(_cuts(tr, got[1]), _cuts(model, want[1]))
-                    pairs.append((f"{label}: payloads", cuts))
-                for what, (g, w) in _observe(tr, model).items():
+                if op == "due" and want[0] == "ok":  # the model's lists, cut by both
+                    for _, ids in want[1]:
+                        for size in _SIZES:
+                            cut = agree(_cut(tr, ids, size), _cut(model, ids, size))
+                            pairs.append((f"{label}: payloads({ids}, {size})", cut))
+                for what, g, w in _observe(tr, model):
                     pairs.append((f"{label}: {what}", agree(g, w)))
 
     return explore(check, name, ex, run)
