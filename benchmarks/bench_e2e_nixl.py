@@ -153,7 +153,7 @@ def zmq_round_trips(payloads: Sequence[bytes], trips: int) -> dict[str, list[flo
 
 def reclaim_run(n_requests: int) -> dict[str, Any]:
     """One cluster: queue requests on D, SIGKILL it, time P's last release."""
-    from leaseproto.workers.cluster import Cluster, ClusterSpec  # noqa: PLC0415
+    from leaseproto.harness.cluster import Cluster, ClusterSpec  # noqa: PLC0415
 
     spec = ClusterSpec(kv_lease_duration=3.0, max_running=2, d_step_time=0.05)
     ext, interval = spec.config.lease_extension, spec.config.heartbeat_interval
@@ -189,7 +189,7 @@ def verdict_run(n_requests: int, *, verified: bool) -> dict[str, Any]:
     step time), each request's latency at the client; with ``verified`` D
     uses a read only after P's OK (the default), without it D uses reads
     unverified (``--unverified-reads``, stock behaviour)."""
-    from leaseproto.workers.cluster import Cluster, ClusterSpec  # noqa: PLC0415
+    from leaseproto.harness.cluster import Cluster, ClusterSpec  # noqa: PLC0415
 
     extra = {} if verified else {"decode": ["--unverified-reads"]}
     spec = ClusterSpec(kv_lease_duration=3.0, max_running=1, d_step_time=0.0, extra=extra)

@@ -38,6 +38,7 @@ TEST_FILES = [  # the fast ones first (a run stops at its first failure)
     "tests/test_bad_input.py",
     "tests/test_state_table.py",
     "tests/test_verdicts.py",
+    "tests/test_push_registrations.py",
     "tests/test_peer.py",
     "tests/test_config.py",
     "tests/test_clock.py",
