@@ -35,6 +35,7 @@ import z3
 
 from leaseproto.checker.naive import NaiveLeaseTable
 from leaseproto.core.config import LeaseConfig
+from leaseproto.core.events import Releases
 from leaseproto.core.table import LeaseTable
 
 from .loops import Check, Sym, _term
@@ -178,6 +179,10 @@ SCENARIOS: list[tuple[str, LeaseConfig, list[tuple[str, dict[str, Any]]]]] = [
     ("staging capacity and ttl", CONFIG, [TD, TDB, EX, G, GB]),
     ("tombstone capacity and ttl", CONFIG, [G, GB, AB, ABB, EX, TD, TDB]),
     ("expire tombstone then reuse id", CONFIG, [G, EX, TD, G, RA, EX]),
+    ("two grants renewed together, expire", CONFIG, [G, GB, RAB, EX, EX]),
+    ("two grants, one renewed, expire", CONFIG, [G, GB, RA, EX, EX]),
+    ("two short grants renewed together twice", CONFIG, [GT, GBT, RAB, EX, RAB, EX]),
+    ("two short grants, one renewed", CONFIG, [GT, GBT, RAB, RA, EX, EX]),
     ("capped renewals", CAPPED, [G, RA, RA, EX, RAB]),
     ("capped two leases, staged, expire", CAPPED, [TDB, GT, GB, RAB, EX, ND, EX]),
     ("capped aborts and late transfers", CAPPED, [G, GB, ABB, TDB, RA, EX, TD]),
@@ -186,6 +191,8 @@ SCENARIOS: list[tuple[str, LeaseConfig, list[tuple[str, dict[str, Any]]]]] = [
 
 def _agree(got: Any, want: Any) -> Any:
     """A z3 formula: ``got`` (the table's) is ``want`` (the model's)."""
+    if isinstance(got, Releases):  # expire's sequence: the releases it holds
+        got = list(got)
     if isinstance(got, Sym) or isinstance(want, Sym):
         if isinstance(got, Sym) != isinstance(want, Sym) and (got is None or want is None):
             return z3.BoolVal(False)

@@ -27,7 +27,7 @@ from . import wire
 from .clock import ClockOffset
 from .config import LeaseConfig
 from .errors import LeaseProtocolError, LocalProtocolError, RemoteProtocolError
-from .events import LateTransfer, Release, ReleaseReason, TransferCounted
+from .events import LateTransfer, Release, ReleaseReason, Releases, TransferCounted
 from .state import TRANSITIONS, Guard, Input, LeaseState, Transition
 from .table import LeaseTable, TableStats
 from .tracker import HeartbeatTracker, TrackerStats
@@ -48,6 +48,7 @@ __all__ = [
     "MalformedMessage",
     "Release",
     "ReleaseReason",
+    "Releases",
     "RemoteProtocolError",
     "TableStats",
     "TrackerStats",
