@@ -57,8 +57,8 @@ def _clean(bucket: list[Lease], d: float) -> bool:
     """Every entry of ``bucket`` (queued at ``d``) is a live lease still due at ``d``:
     none ended (``Lease.state``: no stale entry), none renewed since (``take_due`` then
     takes the bucket whole)."""
-    return all(map(eq, map(_STATE, bucket), repeat(R.GRANTED))) and all(
-        map(eq, map(_DEADLINE, bucket), repeat(d))
+    return all(map(eq, map(_DEADLINE, bucket), repeat(d))) and all(
+        map(eq, map(_STATE, bucket), repeat(R.GRANTED))
     )
 
 
@@ -69,7 +69,7 @@ class DeadlineQueue:
     grants (:meth:`grant`); ``None``: every entry goes into the calendar.
     """
 
-    __slots__ = ("_buckets", "_grants", "_head", "_keys", "_tail", "_ttl", "stale")
+    __slots__ = ("_buckets", "_first", "_grants", "_head", "_keys", "_tail", "_ttl", "stale")
 
     def __init__(self, ttl: float | None = None) -> None:
         self._buckets: dict[float, list[Lease]] = {}
@@ -79,6 +79,8 @@ class DeadlineQueue:
         self._grants: list[Lease] = []
         self._head = 0
         self._tail = -math.inf  # the deadline of the latest grant in the list
+        # no grant in the list is due before this (a lower bound of the first one's)
+        self._first = math.inf
         #: entries of leases that ended other than by expiry (set by the table)
         self.stale = 0
 
@@ -92,6 +94,7 @@ class DeadlineQueue:
         if default_ttl and self._ttl is not None and self._tail <= deadline:
             self._grants.append(lease)
             self._tail = deadline
+            self._first = min(self._first, deadline)  # lowered when the list was empty
         else:
             self.push(lease)
 
@@ -152,14 +155,17 @@ class DeadlineQueue:
         into the calendar at their deadlines (``take_due`` then takes those that are
         due too); stale entries are dropped."""
         grants, head = self._grants, self._head
-        if head == len(grants) or not self._granted_until(grants[head]) <= now:
-            return []
         cut = bisect.bisect_right(grants, now, head, key=self._granted_until)
-        run = grants[head:cut]
         if cut * 2 >= len(grants) and cut >= 1024:  # the list keeps what is not taken
+            run = grants[head:cut]
             del grants[:cut]
             cut = 0
+        else:
+            run = grants[head:cut]
         self._head = cut
+        self._first = self._granted_until(grants[cut]) if cut < len(grants) else math.inf
+        if not run:
+            return run
         # each entry at C speed: still held (its lease not ended: ``Lease.state``), and
         # never renewed (so due at the deadline it was granted)
         held = list(map(eq, map(_STATE, run), repeat(R.GRANTED)))
@@ -187,7 +193,7 @@ class DeadlineQueue:
         grant order, taken out of the queue. A renewed lease met on the way is
         queued again at its deadline (and taken too when that is due); stale
         entries are dropped."""
-        granted = self._take_grants(now, live)
+        granted = self._take_grants(now, live) if self._first <= now else []
         keys, buckets = self._keys, self._buckets
         out: list[Lease] = []
         add = out.append
@@ -294,7 +300,7 @@ class DeadlineQueue:
         new._buckets = {d: [remap(x) for x in b] for d, b in self._buckets.items()}
         new._keys = list(self._keys)
         new._grants = [remap(x) for x in self._grants[self._head :]]
-        new._tail = self._tail
+        new._tail, new._first = self._tail, self._first
         new.stale = self.stale
         return new
 

@@ -49,23 +49,15 @@ class Renewals:
         be reaped. D still heartbeats them, so it has not read them yet: the
         caller can nack them and D fails over before it reads reused blocks.
         """
-        self._clock(now)
+        if type(now) is float and _NINF < self._last_now <= now < _INF:  # advance(), inline
+            self._last_now = now
+        else:
+            self._clock(now)  # the first call, a now that is not a float, or raises
         ids = req_ids if type(req_ids) is list or type(req_ids) is tuple else list(req_ids)
         found = list(map(self._leases.get, ids))
-        return self._renew(ids, found, all(found), now, lost)
-
-    def _renew(
-        self,
-        ids: Sequence[str],
-        found: list[Lease | None],
-        every: bool,
-        now: float,
-        lost: list[str] | None,
-    ) -> int:
-        """Renew ``ids`` (``found``: their leases or ``None``; ``every``: all found)."""
         c = self._c
         renewed = renew_ids(
-            ids, found, every, self._ended, now, self._extension, self._cap, lost, c
+            ids, found, all(found), self._ended, now, self._extension, self._cap, lost, c
         )
         c["renewed"] += renewed
         return renewed
@@ -100,14 +92,11 @@ class Renewals:
         every = all(found)
         if not every and not self._known_or_valid(ids, found):
             return None
-        # advance()'s check, inline (a message is a few microseconds): finite, not back,
-        # and a float (not a bool); any other now takes the full check, which raises or
-        # advances
-        if type(now) is float and _NINF < self._last_now <= now < _INF:
+        if type(now) is float and _NINF < self._last_now <= now < _INF:  # advance(), inline
             self._last_now = now
         else:
-            self._clock(now)
-        c = self._c  # what _renew does, inline
+            self._clock(now)  # the first call, a now that is not a float, or raises
+        c = self._c
         c["renewed"] += renew_ids(
             ids, found, every, self._ended, now, self._extension, self._cap, lost, c
         )

@@ -1,11 +1,12 @@
 """The prefill side: one lease per request (spec §6, §8.1-8.5).
 
-Expiry uses a calendar of exact deadlines (:class:`.deadlines.DeadlineQueue`:
-a bucket of leases per deadline, a heap of the distinct deadlines). Renewals
-only move ``lease.deadline`` (O(1) per id); when the reaper meets a lease that
-was renewed past the deadline it was queued at, it queues it again at the new
-one. So ``expire`` touches only what came due, never the live set (upstream
-bug B1 came from a reaper that assumed insertion order).
+Expiry uses :class:`.deadlines.DeadlineQueue`: the leases granted for the default
+``kv_lease_duration`` in grant order (which is their deadlines' order), every other
+one in a calendar of exact deadlines (a bucket of leases per deadline, a heap of the
+distinct deadlines). Renewals only move ``lease.deadline`` (O(1) per id); when the
+reaper meets a lease that was renewed past the deadline it was queued at, it queues
+it again at the new one. So ``expire`` touches only what came due, never the live
+set (upstream bug B1 came from a reaper that assumed insertion order).
 """
 
 from __future__ import annotations
@@ -31,9 +32,9 @@ from .wire import MAX_COUNT
 __all__ = ["LeaseTable", "TableStats"]
 
 
-_DEADLINE = attrgetter("deadline")
 _REQ_ID = attrgetter("req_id")
 _INF = math.inf
+_NINF = -math.inf
 _consume: Callable[[Iterable[object]], None] = deque[object](maxlen=0).extend
 
 _REASON = {
@@ -79,6 +80,8 @@ class LeaseTable(Renewals):
         self._last_now = FIRST_NOW
         self._c = dict.fromkeys((f.name for f in fields(TableStats)), 0)
         self._tomb: tuple[int, float] = (R.ABSENT, -math.inf)
+        # no tombstone or staged notification is too old before this (a lower bound)
+        self._prune_at = _INF
         # the now and deadline of the latest grant for the default ttl
         self._step: tuple[float | None, float] = (None, math.inf)
 
@@ -93,6 +96,7 @@ class LeaseTable(Renewals):
         if tomb[0] != state or tomb[1] is not now:
             tomb = self._tomb = (state, now)  # shared by the leases one call ends
         self._ended[lease.req_id] = tomb  # new (a live id has none): the newest, last
+        self._kept(now + self.config.tombstone_ttl)
         while len(self._ended) > self.config.tombstone_capacity:
             self._ended.popitem(last=False)
         reason = _REASON[state]
@@ -127,6 +131,16 @@ class LeaseTable(Renewals):
                 break
             staged.popitem(last=False)
             self._c["early_dropped"] += 1
+        # when the oldest tombstone or staged notification is next too old
+        first = _INF if not ended else next(iter(ended.values()))[1] + ttl
+        if staged:
+            at = next(iter(staged.values()))[0] + sttl
+            first = at if at < first else first
+        self._prune_at = first
+
+    def _kept(self, until: float) -> None:
+        """An entry was added that :meth:`_prune` forgets at ``until``."""
+        self._prune_at = min(self._prune_at, until)
 
     def _stage(self, req_id: str, now: float, *, abort: bool, readers: int | None = None) -> None:
         entry = self._staged.get(req_id)
@@ -138,6 +152,7 @@ class LeaseTable(Renewals):
                 self._staged.popitem(last=False)
                 self._c["early_dropped"] += 1
             entry = self._staged[req_id] = [now, 0.0, 0.0, 0.0]
+            self._kept(now + self.config.staging_ttl)
         if abort:
             entry[2] = 1.0
         else:
@@ -275,12 +290,13 @@ class LeaseTable(Renewals):
 
         Returns the :class:`Release` of each, as a :class:`Releases` sequence: its
         ``ids`` cost nothing more, and each ``Release`` is built when first read."""
-        self._clock(now)
-        leases = self._leases
-        ended = self._ended
+        if type(now) is float and _NINF < self._last_now <= now < _INF:  # advance(), inline
+            self._last_now = now
+        else:
+            self._clock(now)  # the first call, a now that is not a float, or raises
         # every live lease with deadline <= now, in deadline order (ties in grant order),
         # taken from the queue in one pass over the deadlines that came due
-        due = self._queue.take_due(now, leases)
+        due = self._queue.take_due(now, self._leases)
         out = _NONE
         if due:
             # every lease in the table is granted (``tests/test_hot_paths.py``): the rule
@@ -296,13 +312,15 @@ class LeaseTable(Renewals):
                         self._queue.requeue(lease)  # back in the queue
                     else:
                         expired.append(lease)
-                out = self._expire_all(expired, now) if expired else _NONE
-        if out:
-            self._c["released_expired"] += len(out)
-            capacity = self.config.tombstone_capacity
-            while len(ended) > capacity:
-                ended.popitem(last=False)
-        self._prune(now)
+                if expired:
+                    out = self._expire_all(expired, now)
+            if out is not _NONE:
+                self._c["released_expired"] += len(out.ids)
+                ended, capacity = self._ended, self.config.tombstone_capacity
+                while len(ended) > capacity:
+                    ended.popitem(last=False)
+        if self._prune_at <= now:
+            self._prune(now)
         return out
 
     def _expire_all(self, due: list[Lease], now: float) -> Releases:
@@ -313,6 +331,7 @@ class LeaseTable(Renewals):
         _consume(map(self._leases.__delitem__, rids))
         # a live id has no tombstone (grant drops it), so each one is new: appended, newest last
         self._ended.update(zip(rids, repeat((R.EXPIRED, now))))
+        self._kept(now + self.config.tombstone_ttl)
         return Releases(due, rids, _REASON[R.EXPIRED], now)
 
     # -- queries --------------------------------------------------------------------------

@@ -31,6 +31,7 @@ __all__ = ["HeartbeatTracker", "TrackerStats"]
 
 _INF = math.inf
 _HB = wire.HEARTBEAT_PREFIX
+_HB_LEN = len(_HB)
 
 
 class _Requests(dict[str, int]):
@@ -289,7 +290,7 @@ class HeartbeatTracker:
                 room, or an id does not fit in one message).
         """
         max_bytes = self.config.max_notification_bytes if max_bytes is None else max_bytes
-        room = max_bytes - len(_HB)
+        room = max_bytes - _HB_LEN
         if type(ids) is not _Ids and len(set(ids)) != len(ids):  # due()'s have no repeats
             ids = list(dict.fromkeys(ids))  # repeats are sent once, where first named
         if not ids or room < 1:
