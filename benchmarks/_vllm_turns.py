@@ -57,6 +57,14 @@ def _complete(
     return post(port, body)
 
 
+def _first_diff(got: list[int], ref: list[int]) -> int | None:
+    """The first position where ``got`` and ``ref`` differ (None when equal)."""
+    if got == ref:
+        return None
+    pairs = enumerate(zip(got, ref, strict=False))  # a shorter answer parts where it ends
+    return next((i for i, (a, b) in pairs if a != b), min(len(got), len(ref)))
+
+
 def two_turns(
     post: Post,
     *,
@@ -80,6 +88,11 @@ def two_turns(
     return {
         "turn1_identical": got1 == ref1,
         "turn2_identical": got2 == ref2,
+        # where the answers part (None: identical), and what each gave, to compare pairs
+        "turn1_first_diff": _first_diff(got1, ref1),
+        "turn2_first_diff": _first_diff(got2, ref2),
+        "turn2_tokens": got2,
+        "turn2_reference": ref2,
         # D kept turn 1's blocks and told the router where they are (bidirectional mode)
         "d_returned_blocks": bool(cached and cached.get("remote_block_ids")),
         "d_cached_tokens": None if not cached else cached.get("remote_num_tokens"),

@@ -38,25 +38,32 @@ from _common import machine, pct, ratio, table
 from leaseproto import wire
 
 ECHO = b"EC"
+#: How long an endpoint keeps trying to connect: the echo process imports torch and NIXL
+#: first, which takes tens of seconds on a loaded machine (the endpoint's default is 10 s)
+CONNECT_S = 120.0
 
 
 def _ids(n: int) -> list[str]:
     return [f"chatcmpl-{i:032x}-{i:08x}" for i in range(n)]
 
 
-def _nixl_echo(port: int, peer_port: int, count: int, prog: bool) -> None:
+def _nixl_echo(port: int, peer_port: int, count: int, prog: bool, wait: bool) -> None:
     from leaseproto.adapters.nixl import NixlEndpoint  # noqa: PLC0415 - child process
 
-    ep = NixlEndpoint("echo", port=port, progress_thread=prog)
+    ep = NixlEndpoint("echo", port=port, progress_thread=prog, connect_timeout=CONNECT_S)
     ep.connect("bench", "127.0.0.1", peer_port)
+    early: list[tuple[str, bytes]] = []  # the first trip may arrive before we see "connected"
     while not ep.is_connected("bench"):
-        ep.poll()
+        early += ep.poll()
         time.sleep(0.001)
     done = 0
     while done < count:
-        for peer, msg in ep.poll():
+        if wait and not early:
+            ep.wait(1.0)
+        for peer, msg in early + ep.poll():
             ep.send(peer, msg)
             done += 1
+        early = []
     time.sleep(0.5)
     ep.close()
 
@@ -75,21 +82,23 @@ def _zmq_echo(port: int, count: int) -> None:
 
 
 def nixl_round_trips(
-    payloads: Sequence[bytes], trips: int, *, prog: bool
+    payloads: Sequence[bytes], trips: int, *, prog: bool, wait: bool = False
 ) -> dict[str, list[float]]:
     """Seconds per round trip, per payload, between two ``NixlEndpoint``s, with
-    NIXL's progress thread (``prog``) or with the endpoint's own progress."""
+    NIXL's progress thread (``prog``) or with the endpoint's own progress; both
+    sides spin on ``poll``, or with ``wait`` wait as the workers do
+    (``NixlEndpoint.wait``: a poll-and-sleep)."""
     from leaseproto.adapters.nixl import NixlEndpoint, free_port  # noqa: PLC0415
 
     count = trips * len(payloads)
     spawn = mp.get_context("spawn")
     out: dict[str, list[float]] = {}
     port, peer_port = free_port(), free_port()
-    ep = NixlEndpoint("bench", port=port, progress_thread=prog)
-    child = spawn.Process(target=_nixl_echo, args=(peer_port, port, count, prog))
+    ep = NixlEndpoint("bench", port=port, progress_thread=prog, connect_timeout=CONNECT_S)
+    child = spawn.Process(target=_nixl_echo, args=(peer_port, port, count, prog, wait))
     child.start()
     ep.connect("echo", "127.0.0.1", peer_port)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + CONNECT_S
     while not ep.is_connected("echo"):
         if time.monotonic() > deadline:
             sys.exit("NIXL echo peer never connected")
@@ -102,7 +111,8 @@ def nixl_round_trips(
             if not ep.send("echo", payload):
                 sys.exit("NIXL send failed")
             while not ep.poll():
-                pass
+                if wait:
+                    ep.wait(1.0)
             rtt.append(time.perf_counter() - t0)
     child.join(30)
     ep.close()
@@ -153,7 +163,7 @@ def zmq_round_trips(payloads: Sequence[bytes], trips: int) -> dict[str, list[flo
 
 def reclaim_run(n_requests: int) -> dict[str, Any]:
     """One cluster: queue requests on D, SIGKILL it, time P's last release."""
-    from leaseproto.workers.cluster import Cluster, ClusterSpec  # noqa: PLC0415
+    from leaseproto.harness.cluster import Cluster, ClusterSpec  # noqa: PLC0415
 
     spec = ClusterSpec(kv_lease_duration=3.0, max_running=2, d_step_time=0.05)
     ext, interval = spec.config.lease_extension, spec.config.heartbeat_interval
@@ -189,7 +199,7 @@ def verdict_run(n_requests: int, *, verified: bool) -> dict[str, Any]:
     step time), each request's latency at the client; with ``verified`` D
     uses a read only after P's OK (the default), without it D uses reads
     unverified (``--unverified-reads``, stock behaviour)."""
-    from leaseproto.workers.cluster import Cluster, ClusterSpec  # noqa: PLC0415
+    from leaseproto.harness.cluster import Cluster, ClusterSpec  # noqa: PLC0415
 
     extra = {} if verified else {"decode": ["--unverified-reads"]}
     spec = ClusterSpec(kv_lease_duration=3.0, max_running=1, d_step_time=0.0, extra=extra)

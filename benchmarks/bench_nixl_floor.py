@@ -11,11 +11,19 @@ point here (both sides spin): wall time per round trip.
 
 With ``--load N``, N busy-loop processes (each dies with the benchmark: parent
 death signal) keep the cores busy, and the round trip through ``NixlEndpoint``
-is measured against ZeroMQ's (blocking receives), quiet then loaded, the two
-taking turns ``--rounds`` times in the same run: the spread is the range of the
-rounds' medians.
+is measured against ZeroMQ's (blocking receives), quiet then loaded, taking
+turns ``--rounds`` times in the same run: the endpoint as the workers use it
+(both sides in ``NixlEndpoint.wait``, a poll-and-sleep), the endpoint spun on
+(both sides call ``poll`` in a tight loop), and ZeroMQ. Each cell is the
+median of all trips, with the range of the rounds' medians; the ratio is of
+the medians.
 
-    python benchmarks/bench_nixl_floor.py [--trips 300] [--load N [--rounds 3]]
+With ``--idle-cpu S``, a router, a prefill and a decode worker (``leaseproto
+serve``, as ``Cluster`` starts them) idle for S seconds: the CPU seconds per
+second each burns (from ``/proc``). Run it from two checkouts
+(``PYTHONPATH=...``) to compare them.
+
+    python benchmarks/bench_nixl_floor.py [--trips 300] [--load N [--rounds 3]] [--idle-cpu 10]
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import sys
 import time
 from collections.abc import Sequence
 from multiprocessing.process import BaseProcess
+from pathlib import Path
 
 from _common import load, machine, median, pct, table
 from bench_e2e_nixl import nixl_round_trips, zmq_round_trips
@@ -123,33 +132,80 @@ def start_load(n: int) -> list[BaseProcess]:
 
 def _spread(rounds: list[list[float]]) -> str:
     meds = sorted(median(r) * 1e6 for r in rounds)
-    return f"{median(meds):,.0f} ({meds[0]:,.0f}-{meds[-1]:,.0f})"
+    every = [x for r in rounds for x in r]
+    return f"{median(every) * 1e6:,.0f} ({meds[0]:,.0f}-{meds[-1]:,.0f})"
 
 
 def under_load(n: int, trips: int, rounds: int) -> int:
-    """NIXL (``NixlEndpoint``) against ZeroMQ, quiet and with ``n`` busy loops."""
+    """NIXL (``NixlEndpoint``, waiting and spinning) against ZeroMQ, quiet and
+    with ``n`` busy loops."""
     print(
         f"notification round trip under load, {trips} trips x {rounds} rounds, {len(PAYLOAD)} B; "
         f"{machine()}; {load()}"
     )
-    head = ["busy loops", "NIXL median µs (range of rounds)", "ZeroMQ median µs", "NIXL / ZeroMQ"]
+    head = [
+        "busy loops",
+        "NIXL, wait: median µs (rounds)",
+        "p90 µs",
+        "NIXL, spin: median µs (rounds)",
+        "ZeroMQ: median µs (rounds)",
+        "wait / ZeroMQ",
+        "spin / ZeroMQ",
+    ]
     rows = []
     for busy in (0, n):
         procs = start_load(busy)
         try:
-            nx: list[list[float]] = []
+            nw: list[list[float]] = []
+            ns: list[list[float]] = []
             zq: list[list[float]] = []
             for _ in range(rounds):
-                nx.append(nixl_round_trips([PAYLOAD], trips, prog=False)["nixl 0"])
+                nw.append(nixl_round_trips([PAYLOAD], trips, prog=False, wait=True)["nixl 0"])
+                ns.append(nixl_round_trips([PAYLOAD], trips, prog=False)["nixl 0"])
                 zq.append(zmq_round_trips([PAYLOAD], trips)["zmq 0"])
         finally:
             for p in procs:
                 p.kill()
                 p.join(5)
-        ratio = median([median(r) for r in nx]) / median([median(r) for r in zq])
-        rows.append([str(busy), _spread(nx), _spread(zq), f"{ratio:.1f}x"])
-        print(table(head, rows[-1:]), flush=True)
+        allw, alls, allz = ([x for r in rs for x in r] for rs in (nw, ns, zq))
+        rows.append(
+            [
+                str(busy),
+                _spread(nw),
+                f"{pct(allw, 90) * 1e6:,.0f}",
+                _spread(ns),
+                _spread(zq),
+                f"{median(allw) / median(allz):.1f}x",
+                f"{median(alls) / median(allz):.1f}x",
+            ]
+        )
+        print(table(head, rows[-1:]), f"; {load()}", flush=True)
     print(table(head, rows))
+    return 0
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def idle_workers(seconds: float) -> int:
+    """CPU seconds per second of an idle router, prefill and decode worker."""
+    import leaseproto  # noqa: PLC0415
+    from leaseproto.harness.cluster import Cluster, ClusterSpec  # noqa: PLC0415
+
+    print(f"idle workers, {seconds:g} s; {leaseproto.__file__}; {machine()}; {load()}")
+    with Cluster(ClusterSpec(trace=False)) as cluster:
+        time.sleep(3.0)  # settle after start-up (connections, first heartbeats)
+        workers = cluster.workers()
+        before = [_cpu_s(w.proc.pid) for w in workers]
+        t0 = time.monotonic()
+        time.sleep(seconds)
+        used = [_cpu_s(w.proc.pid) - b for w, b in zip(workers, before, strict=True)]
+        span = time.monotonic() - t0
+    rows = [[w.name, f"{u / span:.3f}"] for w, u in zip(workers, used, strict=True)]
+    print(table(["worker", "CPU s per s"], rows), f"; {load()}")
     return 0
 
 
@@ -158,7 +214,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--trips", type=int, default=300)
     ap.add_argument("--load", type=int, default=0, help="busy-loop processes beside the run")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--idle-cpu", type=float, default=0, metavar="S", help="idle workers' CPU")
     args = ap.parse_args(argv)
+    if args.idle_cpu > 0:
+        return idle_workers(args.idle_cpu)
     if args.load > 0:
         return under_load(args.load, args.trips, args.rounds)
     print(

@@ -36,6 +36,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,7 @@ from _vllm_turns import tokens, two_turns
 
 from leaseproto.integrations.vllm.tinymodel import WORDS, build_tiny_model
 
+AMX_SITE = Path(__file__).resolve().parent / "amx_site"
 LEASE = 12  # kv_lease_duration: heartbeat every 2 s, extension 8 s (vLLM's derivation)
 PAIRS = {
     "stock": ("NixlConnector", "NixlConnector"),
@@ -103,12 +105,16 @@ class Server:
         blocks: int,
         traces: Path | None = None,
         bidirectional: bool = False,
+        engine_id: str | None = None,
+        more: dict[str, Any] | None = None,
     ) -> None:
         self.port = free_port()
-        extra: dict[str, Any] = {"kv_lease_duration": LEASE}
+        self.side_port = free_port()  # NIXL's side channel (a push router names it to D)
+        extra: dict[str, Any] = {"kv_lease_duration": LEASE, **(more or {})}
         if bidirectional:  # D keeps a finished turn's KV for P to read (vLLM's turn 2)
             extra["bidirectional_kv_xfer"] = True
-        if traces is not None and connector == "LeaseprotoConnector":
+        ours = connector.startswith("Leaseproto")
+        if traces is not None and ours:
             extra["trace_dir"] = str(traces)  # check-trace validates the run
         cfg: dict[str, Any] = {
             "kv_connector": connector,
@@ -118,11 +124,13 @@ class Server:
             # a failed load recomputes instead of failing the request (0.32's default is "fail")
             "kv_load_failure_policy": "recompute",
         }
-        if connector == "LeaseprotoConnector":
+        if ours:
             cfg["kv_connector_module_path"] = "leaseproto.integrations.vllm"
+        if engine_id is not None:
+            cfg["engine_id"] = engine_id
         env = {
             **os.environ,
-            "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port()),
+            "VLLM_NIXL_SIDE_CHANNEL_PORT": str(self.side_port),
             "VLLM_PORT": str(free_port()),
             "VLLM_CPU_OMP_THREADS_BIND": cpu,
             "VLLM_CPU_KVCACHE_SPACE": "1",
@@ -130,6 +138,10 @@ class Server:
             "NIXL_LOG_LEVEL": "ERROR",
             # Prometheus counters follow the stats logger; its default 10 s would blur the timings
             "VLLM_LOG_STATS_INTERVAL": "0.5",
+            # every server, stock included, asks for AMX tiles (amx_site/sitecustomize.py)
+            "PYTHONPATH": os.pathsep.join(
+                p for p in (str(AMX_SITE), os.environ.get("PYTHONPATH", "")) if p
+            ),
         }
         cmd = [
             sys.executable,
@@ -349,8 +361,11 @@ def run_pair(name: str, model: Path, logs: Path, n: int, max_tokens: int) -> dic
     return rows
 
 
-def run_two_turns(name: str, model: Path, logs: Path, n: int, max_tokens: int) -> dict[str, Any]:
-    """``n`` two-turn conversations on a pair in bidirectional mode (:mod:`_vllm_turns`)."""
+def run_two_turns(
+    name: str, model: Path, logs: Path, n: int, max_tokens: int, *, first: int = 0
+) -> dict[str, Any]:
+    """``n`` two-turn conversations on a pair in bidirectional mode (:mod:`_vllm_turns`),
+    the conversations ``first`` to ``first + n - 1`` (each number is its prompts)."""
     p_conn, d_conn = PAIRS[name]
     tag = name.replace(" ", "_").replace("+", "") + "-2turn"
     traces = logs / f"{tag}-traces"
@@ -360,20 +375,80 @@ def run_two_turns(name: str, model: Path, logs: Path, n: int, max_tokens: int) -
     try:
         p.wait_up()
         d.wait_up()
-        for i in range(n):
+        for i in range(first, first + n):
             t1, t2 = tokens(p.port, prompt(i, 60)), tokens(p.port, prompt(100 + i, 20))
-            before = metrics(p.port)
-            row = two_turns(
-                post, p_port=p.port, d_port=d.port, turn1=t1, turn2=t2, max_tokens=max_tokens
-            )
-            after = metrics(p.port)
-            row["p_counters"] = {k: v - before.get(k, 0.0) for k, v in after.items() if v}
+            before = {side: metrics(s.port) for side, s in (("p", p), ("d", d))}
+            try:
+                row = two_turns(
+                    partial(post, timeout=240.0),  # a hung engine fails the pair in 4 min
+                    p_port=p.port,
+                    d_port=d.port,
+                    turn1=t1,
+                    turn2=t2,
+                    max_tokens=max_tokens,
+                )
+            except (urllib.error.URLError, OSError) as exc:  # timeouts included
+                # a server that failed a request (engine dead, hung past the timeout): the
+                # conversation is reported failed and the pair is not asked for more
+                print(name, "two-turn", i, "failed:", repr(exc), flush=True)
+                rows.append({"failed": repr(exc)})
+                break
+            for side, s in (("p", p), ("d", d)):
+                after = metrics(s.port)
+                row[f"{side}_counters"] = {
+                    k: v - before[side].get(k, 0.0) for k, v in after.items() if v
+                }
             print(name, "two-turn", i, row, flush=True)
             rows.append(row)
     finally:
         d.stop()
         p.stop()
     return {"conversations": rows, "trace": validate(traces)}
+
+
+def two_turn_table(turns: dict[str, Any]) -> tuple[tuple[str, ...], list[tuple[Any, ...]]]:
+    """One row per pair: what the conversations gave, and what P and D counted."""
+
+    def total(rows: list[dict[str, Any]], side: str, *names: str) -> int:
+        return int(sum(r[f"{side}_counters"].get(n, 0.0) for r in rows for n in names))
+
+    header = (
+        "pair",
+        "conversations",
+        "turn 1 identical",
+        "turn 2 identical",
+        "D kept turn 1",
+        "P: turn-2 reads verified",
+        "P: reads refused/timed out",
+        "P: expired leases",
+        "P: late reads",
+        "trace validation",
+    )
+    out = []
+    for name, res in turns.items():
+        failed = [r for r in res["conversations"] if "failed" in r]
+        rows = [r for r in res["conversations"] if "failed" not in r]
+        t = res.get("trace")
+        out.append(
+            (
+                name,
+                f"{len(rows)}" + (f" (+{len(failed)} failed)" if failed else ""),
+                f"{sum(r['turn1_identical'] for r in rows)}/{len(rows)}",
+                f"{sum(r['turn2_identical'] for r in rows)}/{len(rows)}",
+                f"{sum(r['d_returned_blocks'] for r in rows)}/{len(rows)}",
+                total(rows, "p", "vllm:leaseproto_reads_verified"),
+                total(
+                    rows,
+                    "p",
+                    "vllm:leaseproto_reads_refused",
+                    "vllm:leaseproto_reads_verdict_timeout",
+                ),
+                total(rows, "p", "vllm:nixl_num_kv_expired_reqs"),
+                total(rows, "p", "vllm:nixl_num_notifications_after_expiry"),
+                "-" if t is None else f"{t['events']} events, {t['violations']} violations",
+            )
+        )
+    return header, out
 
 
 def main() -> None:
@@ -386,12 +461,23 @@ def main() -> None:
     ap.add_argument(
         "--two-turn", action="store_true", help="only two-turn conversations (bidirectional)"
     )
+    ap.add_argument("--conversations", type=int, default=4, help="two-turn conversations per pair")
+    ap.add_argument(
+        "--first-conversation", type=int, default=0, help="number of the first conversation"
+    )
     args = ap.parse_args()
     die_with_parent()  # and each server with this process (_reaper)
     if args.two_turn:
         work = args.workdir or Path(tempfile.mkdtemp(prefix="vllm_pd-"))
         model = build_tiny_model(work / "tiny-qwen3")
-        turns = {n: run_two_turns(n, model, work, 2, args.max_tokens) for n in args.pairs}
+        turns = {
+            n: run_two_turns(
+                n, model, work, args.conversations, args.max_tokens, first=args.first_conversation
+            )
+            for n in args.pairs
+        }
+        print(f"kv_lease_duration {LEASE} s, bidirectional_kv_xfer; {machine()}")
+        print(table(*two_turn_table(turns)))
         if args.json:
             args.json.write_text(json.dumps(turns, indent=1))
         return

@@ -39,6 +39,7 @@ API: dict[str, tuple[str, tuple[str, ...]]] = {
             "leaseproto.core.table",
             "leaseproto.core.tracker",
             "leaseproto.core.clock",
+            "leaseproto.core.push",
             "leaseproto.core.wire",
             "leaseproto.core.peer",
             "leaseproto.core.events",
@@ -50,11 +51,14 @@ API: dict[str, tuple[str, tuple[str, ...]]] = {
     "api/workers.md": (
         "leaseproto.workers",
         (
-            "leaseproto.workers.cluster",
             "leaseproto.workers.messages",
             "leaseproto.workers.plane",
             "leaseproto.workers.metrics",
         ),
+    ),
+    "api/harness.md": (
+        "leaseproto.harness",
+        ("leaseproto.harness.cluster", "leaseproto.harness.client"),
     ),
     "api/sim.md": ("leaseproto.sim", ("leaseproto.sim",)),
     "api/scenarios.md": (
@@ -70,6 +74,9 @@ API: dict[str, tuple[str, tuple[str, ...]]] = {
             "leaseproto.integrations.vllm.connector",
             "leaseproto.integrations.vllm.scheduler",
             "leaseproto.integrations.vllm.worker",
+            "leaseproto.integrations.vllm.push_scheduler",
+            "leaseproto.integrations.vllm.push_worker",
+            "leaseproto.integrations.vllm.push",
             "leaseproto.integrations.vllm.config",
         ),
     ),

@@ -20,8 +20,8 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import z3
@@ -29,32 +29,41 @@ import z3
 from leaseproto.core import rules as R
 from leaseproto.core.state import Input, LeaseState
 
-from . import bmc, loops, model, structures, table_invariants, table_model, timing, timing_turn2
+from . import (
+    bmc,
+    clock_gate,
+    codec,
+    loops,
+    model,
+    settings,
+    structures,
+    table_invariants,
+    table_model,
+    timing,
+    timing_turn2,
+    tracking,
+)
 from . import counterexamples as cx
 from . import invariants as inv_mod
+from .code_runs import (
+    clock_obligations,
+    loop_obligations,
+    settings_obligations,
+    structure_obligations,
+    tracker_obligations,
+    wire_obligations,
+)
 from .kit import System, fmt, model_value
+from .obligation import Obligation
 from .options import SYSTEMS, TIMEOUT_MS, add_arguments
 
 SEED = 0
 
 
-@dataclass
-class Obligation:
-    system: str
-    label: str
-    ids: tuple[str, ...]
-    expect: str  # "unsat": a proof; "sat": a witness must exist
-    assertions: list[Any]
-    show: Callable[[Any], list[str]] = field(default=lambda m: [])
-    why: str = ""
-    #: the code under proof raised while the obligation was built (a crash, not a
-    #: behaviour the obligation refutes): it fails all the same
-    crashed: bool = False
-
-
-#: the last :func:`run`'s failed obligations: how many, and how many of them crashed
-#: (the mutation run tells a failed obligation from a crash by it)
-LAST_RUN: dict[str, int] = {"failed": 0, "crashed": 0}
+#: the last :func:`run`'s failed obligations: how many, how many of them crashed and how
+#: many z3 could not decide in time (the mutation run tells a failed obligation from a
+#: crash and from a timeout by them)
+LAST_RUN: dict[str, int] = {"failed": 0, "crashed": 0, "unknown": 0}
 
 
 @dataclass
@@ -300,52 +309,6 @@ def concrete_rule_obligations() -> list[Obligation]:
     return obs
 
 
-def loop_obligations(only: str = "") -> list[Obligation]:
-    """L14: the runtime's hot loops, run on z3 terms (:mod:`proofs.loops`), do what
-    the rules say on every path through them (the obligations whose label contains
-    ``only``)."""
-    return _run_obligations(loops.SYSTEM, ("L14",), loops.checks(only), "the loop", "the rules do")
-
-
-def structure_obligations(only: str = "") -> list[Obligation]:
-    """L15: the real ``LeaseTable`` run on z3 terms (:mod:`proofs.structures`) does
-    what the naive model does on every feasible path of each scenario."""
-    return _run_obligations(
-        structures.SYSTEM,
-        ("L15", "I4", "I13"),
-        structures.checks(only),
-        "the table",
-        "the naive model does",
-    )
-
-
-def _run_obligations(
-    system: str, ids: tuple[str, ...], checks: list[tuple[str, Any]], code: str, oracle: str
-) -> list[Obligation]:
-    obs = []
-    for label, chk in checks:
-        bad = [z3.BoolVal(True)] if chk.error else [z3.Or(*(f for _, f in chk.bad))]
-
-        def show(m: Any, chk: Any = chk) -> list[str]:
-            where = [name for name, f in chk.bad if z3.is_true(m.eval(f, model_completion=True))]
-            values = " ".join(sorted(f"{d.name()}={m[d]}" for d in m.decls()))
-            return [f"on {where[0] if where else 'a path'}: {values}"]
-
-        obs.append(
-            Obligation(
-                system,
-                label,
-                ids,
-                "unsat",
-                [*chk.hyps, *bad],
-                show,
-                why=chk.error or f"a path through {code} does what {oracle} not",
-                crashed=bool(chk.error),
-            )
-        )
-    return obs
-
-
 def all_obligations(system: str | None = None) -> list[Obligation]:
     """Every obligation (of ``system`` only, if given), with the models built now
     from the current rules."""
@@ -366,6 +329,14 @@ def all_obligations(system: str | None = None) -> list[Obligation]:
             obs += loop_obligations()
         if system in (None, structures.SYSTEM):
             obs += structure_obligations()
+        if system in (None, tracking.SYSTEM):
+            obs += tracker_obligations()
+        if system in (None, codec.SYSTEM):
+            obs += wire_obligations()
+        if system in (None, settings.SYSTEM):
+            obs += settings_obligations()
+        if system in (None, clock_gate.SYSTEM):
+            obs += clock_obligations()
         obs += theorem_obligations(model.gate_theorems())
         obs += theorem_obligations(timing.theorems())
         obs += theorem_obligations(timing_turn2.theorems())
@@ -425,17 +396,18 @@ def select(obs: list[Obligation], only: str | None, system: str | None = None) -
 def discharge(obs: Sequence[Obligation], out: Any, timeout_ms: int = TIMEOUT_MS) -> int:
     """Solve each obligation and print its line (and why, when it fails); returns how
     many failed."""
-    failed = crashed = 0
+    failed = crashed = unknown = 0
     for ob in obs:
         r = solve(ob, timeout_ms)
         tag = "ok  " if r.ok else "FAIL"
         crashed += not r.ok and ob.crashed
+        unknown += not r.ok and not ob.crashed and r.answer == "unknown"
         print(f"{tag} [{ob.system}] {ob.label}  ({r.seconds * 1000:.0f} ms)", file=out)
         if not r.ok:
             failed += 1
             for line in r.detail:
                 print(f"       {line}", file=out)
-    LAST_RUN.update(failed=failed, crashed=crashed)
+    LAST_RUN.update(failed=failed, crashed=crashed, unknown=unknown)
     return failed
 
 

@@ -13,6 +13,8 @@ assumption is needed is wrong, and the entry FAILs. Two witnesses (normal
 operation, D crash) show the model's good behaviours are reachable under the
 assumptions. Configuration is pinned to the defaults (L=30, E=20, H=5); z3
 picks every other value, so the printed numbers are one schedule among many.
+Last, the turn-2 read with vLLM's gate only (:mod:`.cx_turn2`): z3's refutation
+of ``I14 turn2 gate-only`` as a schedule, replayed in a mirrored world.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import z3
 
 from leaseproto.core import rules as R
 
-from . import cx_replay
+from . import cx_replay, cx_turn2
 from .bmc import Run, search
 from .cx_cases import Case, case_start, case_system, num, timing_cases
 from .cx_reaper import narrate_reaper, reaper_case
@@ -180,4 +182,25 @@ def run(
                 else f"z3 answered {r.answer} ({r.reason}): counted as FAIL"
             )
             print(f"FAIL {kind} [{case.name}]: {why}", file=out)
+    if not names or cx_turn2.NAME in names:
+        status |= _turn2(out, timeout_ms, scenarios)
     return status
+
+
+def _turn2(out: Any, timeout_ms: int, scenarios: str | Path | None) -> int:
+    """The gate-only turn-2 read (:mod:`.cx_turn2`), searched, printed and replayed."""
+    r = cx_turn2.search(timeout_ms)
+    if r.answer != "sat":
+        print(f"FAIL counterexample [{cx_turn2.NAME}]: z3 answered {r.answer}", file=out)
+        return 1
+    print(
+        f"ok   counterexample [{cx_turn2.NAME}]: {cx_turn2.CLAIM}  ({r.seconds * 1000:.0f} ms)",
+        file=out,
+    )
+    cx_turn2.show(r, out)
+    text, result = cx_turn2.replay(r)
+    ok, why = cx_turn2.verdict(result)
+    print(f"    {'ok  ' if ok else 'FAIL'} on the real code (leaseproto replay): {why}", file=out)
+    if scenarios is not None:
+        (Path(scenarios) / f"{_slug(cx_turn2.NAME)}.jsonl").write_text(text)
+    return 0 if ok else 1

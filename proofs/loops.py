@@ -56,6 +56,10 @@ class Paths:
         self.conds.append(cond if choice else z3.Not(cond))
         return choice
 
+    def assume(self, cond: Any) -> None:
+        """Adds ``cond`` to the path without a choice (what a fresh unknown is known to be)."""
+        self.conds.append(cond)
+
     def runs(self, fn: Callable[[], Any]) -> Iterator[tuple[Any, Any]]:
         """``(path condition, fn's result)`` for every path through ``fn``."""
         self.forced = []
@@ -146,6 +150,8 @@ class Check:
     hyps: list[Any]
     bad: list[tuple[str, Any]]
     error: str = ""
+    #: a path was found on which the code plainly differs (the obligation fails)
+    refuted: bool = False
 
 
 # -- renewals (spec §8.2) ------------------------------------------------------------------

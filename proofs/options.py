@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 TIMEOUT_MS = 20_000
 SYSTEMS = (
-    "lease, lease-cap, engine, table, loops, structures, gate, timing, timing-cap, timing-bounded, "
-    "timing-reads, turn2, push"
+    "lease, lease-cap, engine, table, loops, structures, tracker, wire, settings, clock, gate, "
+    "timing, timing-cap, timing-bounded, timing-reads, turn2, push"
 )
 
 

@@ -23,12 +23,14 @@ I14  (``turn2 gate-only``, a naive variant, expected SAT) P uses a read the
 I15  (``push fence``) D uses pushed KV only on P's completion handled while the
      registration lease was live: the WRITE completed before D freed.
 I15  (``push quarantine``) a lapsed registration's blocks are handed out again
-     only after P's completion/abort was handled or P's agent was forgotten: a
-     WRITE that completes before P's agent is forgotten never lands in reused
-     blocks. (``push watchdog-only``, expected SAT: with the stock one-shot
-     watchdog, reuse after the lapse alone, a late WRITE lands in reused blocks.)
+     only after P's completion/abort was handled, P's agent was forgotten, or a
+     bound ``stale`` after the lapse: a WRITE that completes before P's agent is
+     forgotten and within ``stale`` of the lapse never lands in reused blocks.
+     (``push watchdog-only``, expected SAT: with the stock one-shot watchdog,
+     reuse after the lapse alone, a late WRITE lands in reused blocks.)
      Residual risk, not removable by D: a WRITE completing after D forgot P's
-     agent (P partitioned, not dead) may land in reused blocks.
+     agent (P partitioned, not dead), or later than ``stale`` after the lapse
+     (P connected but stalled that long), may land in reused blocks.
 """
 
 from __future__ import annotations
@@ -140,22 +142,24 @@ def _fence(iid: str, system: str, name: str, what: str) -> Theorem:
 
 def _quarantine(naive: bool) -> Theorem:
     """Push: P's WRITE completes at ``wc``; D handles its completion at ``tc``;
-    D forgets P's agent at ``tf_agent``; D's registration lapses at ``t_free``."""
-    wc, tc, t_free, t_agent, t_reuse = z3.Reals(
-        "write_done completion_handled t_lapse t_forget t_reuse"
+    D forgets P's agent at ``tf_agent``; D's registration lapses at ``t_free``;
+    ``stale``: D's bound on a quarantine (the vLLM connector's
+    ``max(10 kv_lease_duration, max_lease_lifetime)``)."""
+    wc, tc, t_free, t_agent, t_reuse, stale = z3.Reals(
+        "write_done completion_handled t_lapse t_forget t_reuse stale"
     )
-    rules = [wc <= tc, t_free <= t_reuse]
-    if not naive:  # quarantine until the completion/abort or the agent is forgotten
-        rules.append(z3.Or(tc <= t_reuse, t_agent <= t_reuse))
+    rules = [wc <= tc, t_free <= t_reuse, stale > 0]
+    if not naive:  # quarantine until the completion/abort, the agent forgotten, or the bound
+        rules.append(z3.Or(tc <= t_reuse, t_agent <= t_reuse, t_free + stale <= t_reuse))
     hyps = z3.And(*rules)
-    goal = z3.Implies(wc < t_agent, wc <= t_reuse)
+    goal = z3.Implies(z3.And(wc < t_agent, wc < t_free + stale), wc <= t_reuse)
     show = {"write_done": wc, "completion": tc, "t_lapse": t_free, "t_reuse": t_reuse}
     return Theorem(
         "I15",
         "push",
         "push watchdog-only" if naive else "push quarantine",
-        "a WRITE completing before D forgets P's agent never lands in blocks D handed "
-        "to another request (a lapsed registration is quarantined)",
+        "a WRITE completing before D forgets P's agent (and within the quarantine's bound "
+        "after the lapse) never lands in blocks D handed to another request",
         hyps,
         goal,
         show,

@@ -1,7 +1,7 @@
 """Shared helpers of the worker end-to-end tests (``tests/test_e2e_*.py``).
 
 Every test starts real ``leaseproto serve`` processes on loopback through
-:class:`leaseproto.workers.cluster.Cluster`; workers bind port 0 and report
+:class:`leaseproto.harness.cluster.Cluster`; workers bind port 0 and report
 their ports, so concurrent runs never collide. Waits poll against deadlines.
 
 Timescale: ``kv_lease_duration`` 3 s, so heartbeats every 0.5 s and a lease
@@ -35,8 +35,8 @@ from polling import wait_for  # noqa: E402
 
 from leaseproto import LeaseConfig  # noqa: E402
 from leaseproto.adapters.nixl import NixlEndpoint, free_port  # noqa: E402
+from leaseproto.harness.cluster import Cluster, ClusterSpec  # noqa: E402
 from leaseproto.workers.backend import reference_tokens  # noqa: E402
-from leaseproto.workers.cluster import Cluster, ClusterSpec  # noqa: E402
 
 __all__ = [
     "LEASE",

@@ -8,6 +8,7 @@ data travelling any other way. Every wait polls against a deadline.
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing as mp
 import os
 import queue
@@ -19,8 +20,9 @@ import polling
 import pytest
 import torch
 
+from leaseproto.adapters import nixl as nixl_module
 from leaseproto.adapters.kv_pool import KVPool, PoolLayout, read_plan
-from leaseproto.adapters.nixl import NixlEndpoint, free_port, load_nixl
+from leaseproto.adapters.nixl import WAIT_MAX_S, WAIT_MIN_S, NixlEndpoint, free_port, load_nixl
 from leaseproto.adapters.xfer import XferDescs
 
 try:
@@ -369,3 +371,74 @@ def test_send_to_a_dead_peer_returns_false(lone: LonePeer) -> None:
         assert ep.transfer_state(xfer) == "ERR" and "lost" in xfer.error
     finally:
         ep.close()
+
+
+# -- waiting (NixlEndpoint.wait: a poll-and-sleep) --------------------------------------------
+
+
+def test_wait_ends_with_a_notification_and_keeps_it_for_poll(
+    peer: Peer, a: tuple[NixlEndpoint, KVPool]
+) -> None:
+    ep, _ = a
+    wait_for(lambda: not ep.poll(), "nothing left over")
+    for k in range(3):
+        assert ep.send("B0", b"ECHO:w%d" % k)
+        assert ep.wait(WAIT_S)  # the echo, not the timeout
+        got = ep.poll()
+        while not got:  # (an echo can race the wait's last check: it is the next poll's)
+            got = ep.poll()
+        assert got == [("B0", b"BACK:w%d" % k)]
+
+
+def test_wait_times_out_or_ends_when_until_says(a: tuple[NixlEndpoint, KVPool]) -> None:
+    ep, _ = a
+    t0 = time.monotonic()
+    assert not ep.wait(0.05)
+    assert time.monotonic() - t0 >= 0.05
+    asked: list[int] = []
+
+    def third() -> bool:
+        asked.append(1)
+        return len(asked) == 3
+
+    assert ep.wait(WAIT_S, until=third)
+    assert len(asked) == 3
+
+
+class _Clock:
+    """``time`` for nixl.py: a monotonic clock that only sleeping moves."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.slept: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, s: float) -> None:
+        self.slept.append(s)
+        self.now += s
+
+
+def test_wait_checks_often_after_traffic_and_seldom_when_quiet(
+    peer: Peer, a: tuple[NixlEndpoint, KVPool], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What keeps an idle worker's CPU down: a quiet endpoint checks once per WAIT_MAX_S,
+    # while right after traffic (where a reply is due) it checks every WAIT_MIN_S or so
+    ep, _ = a
+    clock = _Clock()
+    monkeypatch.setattr(nixl_module, "time", clock)
+    assert ep.send("B1", b"HB:quiet")  # B1 keeps what is not an ECHO: nothing comes back
+    assert not ep.wait(0.1)
+    after = clock.slept
+    assert after[0] == WAIT_MIN_S
+    assert after[:-1] == sorted(after[:-1])  # longer as the quiet goes on (the last: what is left)
+    assert max(after) == WAIT_MAX_S  # ... up to the longest
+    clock.slept = []
+    assert not ep.wait(0.1)  # quiet for 0.1 s already: every pause is the longest
+    quiet = clock.slept
+    assert all(p == WAIT_MAX_S for p in quiet[:-1]) and len(quiet) <= 0.1 / WAIT_MAX_S + 1
+    first_10ms = sum(1 for elapsed in itertools.accumulate(after) if elapsed < 0.01)
+    assert first_10ms >= 5 * 0.01 / WAIT_MAX_S  # the first 10 ms after traffic: 5x the checks
+    monkeypatch.undo()
+    assert peer.inbox_until("B1", 1) == [(ep.name, b"HB:quiet")]

@@ -125,3 +125,34 @@ def test_unknown_kinds_are_format_violations(tmp_path: Path, kind: str) -> None:
     d, p = mirrored(kind)
     first = check_files(_write(tmp_path, d, p)).first()
     assert first is not None and first.invariant == "format"
+
+
+def test_a_gate_only_reader_is_flagged_only_where_the_read_was_stale(tmp_path: Path) -> None:
+    # `serve prefill --turn-reads gate-only`: header verify_reads false, no hello, no OK
+    # awaited. A use of a live lease is what vLLM does, not a violation; the same use
+    # by a P that verifies (D gives verdicts) is one.
+    d, p = mirrored()
+    use = p[_find(p, ev="use")]
+    use["ok_from"] = []
+    p[0]["verify_reads"] = False
+    report = check_files(_write(tmp_path, d, p))
+    assert report.ok, [str(v) for v in report.violations]
+    p[0]["verify_reads"] = True
+    first = check_files(_write(tmp_path, d, p)).first()
+    assert first is not None and first.invariant == "I14" and "without waiting" in first.message
+    # a stale read is named with the grantor that handled its transfer-done: D
+    p[0]["verify_reads"] = False
+    p[-1:-1] = [
+        {"ev": "read", "t": 103.1, "to": D, "data": "b:1"},
+        {"ev": "use", "t": 103.2, "req": "b2", "kind": "prefix", "remote": "b", "ok_from": []},
+    ]
+    d[-1:-1] = [  # (D answers NK: this P greeted it in the run the fixture mirrors)
+        {"ev": "recv", "t": 103.3, "src": P, "data": "b:1"},
+        {"ev": "handle", "t": 103.3, "now": 103.3, "src": P, "data": "b:1"},
+        {"ev": "send", "t": 103.3, "to": P, "data": "NK:expired:b", "ok": True},
+    ]
+    report = check_files(_write(tmp_path, d, p))
+    first = report.first()
+    assert first is not None and first.invariant == "I14"
+    assert "ended when D handled its transfer-done" in first.message, first.message
+    assert report.as_dict()["by_invariant"] == {"I14": 1}  # what the demo's table shows

@@ -162,7 +162,9 @@ def test_each_seeded_bug_is_caught_naming_its_invariant(
 
 
 #: the quick scopes explored exhaustively (the others stop at their bound)
-EXHAUSTIVE = {"small", "small-crash", "small-pause", "d2", "cap", "gate"}
+EXHAUSTIVE = {"small", "small-crash", "small-pause", "d2", "cap", "gate"} | {
+    f"push-{name}" for name in ("pause", "crash", "cancel", "abort", "w2")
+}
 
 
 @pytest.mark.parametrize("name", sorted(QUICK))

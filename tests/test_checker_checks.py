@@ -41,6 +41,17 @@ def _short(mp: pytest.MonkeyPatch) -> None:
         mutate(mp, renewal, loop, old, old + " - 0.5")
 
 
+def _grant_past_ttl(mp: pytest.MonkeyPatch) -> None:
+    """A grant whose lease runs a tick past its ttl."""
+    mutate(
+        mp,
+        LeaseTable,
+        "grant",
+        "R.grant_deadline(now, float(ttl))",
+        "R.grant_deadline(now, float(ttl) + 1)",
+    )
+
+
 def _cap_by(shift: float) -> Any:
     """A renewal capped ``shift`` past (or, negative, before) ``granted_at + cap``."""
 
@@ -170,27 +181,26 @@ CHECKS: dict[str, tuple[Any, Any, str]] = {
         "I16",
     ),
     "D's cached lease granted a tick past its ttl (I16, turn2)": (
-        lambda mp: mutate(
-            mp,
-            LeaseTable,
-            "grant",
-            "R.grant_deadline(now, float(ttl))",
-            "R.grant_deadline(now, float(ttl) + 1)",
-        ),
+        _grant_past_ttl,
         QUICK["turn2"],
         "I16",
     ),
 }
 
 
-@pytest.mark.parametrize("name", sorted(CHECKS))
-def test_each_new_check_fails_on_its_mutant(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    apply, scope, inv = CHECKS[name]
-    apply(monkeypatch)
+def assert_caught(name: str, mutant: tuple[Any, Any, str], mp: pytest.MonkeyPatch) -> None:
+    """``mutant`` (apply it, the scope, the invariant) fails its scope naming the invariant."""
+    apply, scope, inv = mutant
+    apply(mp)
     res = check(scope)
     assert res.verdict == VIOLATION, f"{name}: not caught ({res.summary()})"
     assert res.violation is not None and res.violation.inv == inv, res.summary()
     assert inv in INVARIANTS
+
+
+@pytest.mark.parametrize("name", sorted(CHECKS))
+def test_each_new_check_fails_on_its_mutant(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert_caught(name, CHECKS[name], monkeypatch)
 
 
 #: what each new scope adds: the same mutant passes the scope it extends
@@ -235,7 +245,7 @@ def test_the_checker_drives_the_workers_decisions(monkeypatch: pytest.MonkeyPatc
     workers call them too: one implementation."""
     import inspect
 
-    from leaseproto.workers import decode_follower, decode_reads, prefill_leases
+    from leaseproto.workers import decode_follower, decode_leases, decode_reads, prefill_leases
 
     calls: dict[str, int] = {}
     for name in ("transfer_done", "take_verdict", "lease_lost_answers", "readers_per_p_rank"):
@@ -259,11 +269,8 @@ def test_the_checker_drives_the_workers_decisions(monkeypatch: pytest.MonkeyPatc
             "verdicts.lease_lost_answers",
             "verdicts.answer",
         ),
-        decode_reads: (
-            "verdicts.take_verdict",
-            "verdicts.readers_per_p_rank",
-            "verdicts.lease_lost_gives_up",
-        ),
+        decode_reads: ("verdicts.take_verdict", "verdicts.readers_per_p_rank"),
+        decode_leases: ("verdicts.lease_lost_gives_up",),
         decode_follower: ("verdicts.take_verdict",),
     }
     for module, names in uses.items():

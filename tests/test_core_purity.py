@@ -214,21 +214,24 @@ def test_the_cycle_check_sees_a_cycle() -> None:
 FLOORS = {
     "core": 0,
     "adapters": 1,  # the trace writer names the core's config and release records
-    "checker": 3,  # it drives the workers' own verdict decisions (workers.verdicts)
+    "toymodel": 2,  # its KV lives in the adapters' paged pool
     "scenarios": 2,
-    "testing": 4,  # its hypothesis machine drives the checker's naive model (floor 3)
     "sim": 2,
-    "workers": 2,
-    "proofs": 4,  # L15 runs the table against the checker's naive model (floor 3)
     "integrations": 2,
-    "cli": 5,
+    "workers": 3,  # they serve the toy model
+    "checker": 4,  # it drives the workers' own verdict decisions (workers.verdicts)
+    "harness": 4,  # it starts the workers and talks their request plane
+    "testing": 5,  # its hypothesis machine drives the checker's naive model (floor 4)
+    "proofs": 5,  # L15 runs the table against the checker's naive model (floor 4)
+    "demo": 5,  # it runs the workers through the harness
+    "cli": 6,
 }
 
 
 def _floor_of(module: str) -> tuple[str, int]:
     parts = module.split(".")
     if len(parts) == 1 or parts[1] in ("__main__",):
-        return ("", 6 if parts[1:] == ["__main__"] else 0)  # the public re-exports, the script
+        return ("", 7 if parts[1:] == ["__main__"] else 0)  # the public re-exports, the script
     sub = parts[1]
     assert sub in FLOORS, f"{module}: subpackage {sub!r} has no floor in FLOORS"
     return sub, FLOORS[sub]
@@ -257,10 +260,11 @@ def test_every_import_goes_down_a_floor_or_stays_in_its_subpackage() -> None:
 def test_the_floor_check_sees_an_upward_import() -> None:
     graph = {
         "leaseproto.core.table": {"leaseproto.workers.prefill"},
-        "leaseproto.workers.prefill": {"leaseproto.sim.fleet", "leaseproto.core.table"},
-        "leaseproto.sim.fleet": {"leaseproto"},
+        "leaseproto.workers.prefill": {"leaseproto.harness.cluster", "leaseproto.core.table"},
+        "leaseproto.sim.fleet": {"leaseproto", "leaseproto.scenarios.format"},
     }
     assert _floor_violations(graph) == [
-        "leaseproto.core.table (floor 0) imports leaseproto.workers.prefill (floor 2)",
-        "leaseproto.workers.prefill (floor 2) imports leaseproto.sim.fleet (floor 2)",
+        "leaseproto.core.table (floor 0) imports leaseproto.workers.prefill (floor 3)",
+        "leaseproto.sim.fleet (floor 2) imports leaseproto.scenarios.format (floor 2)",
+        "leaseproto.workers.prefill (floor 3) imports leaseproto.harness.cluster (floor 4)",
     ]

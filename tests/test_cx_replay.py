@@ -16,7 +16,7 @@ import z3
 from leaseproto.proofs import bmc, counterexamples, cx_cases, cx_replay
 from leaseproto.proofs.timing_state import Options
 
-from leaseproto import LeaseTable, cli
+from leaseproto import ClockOffset, LeaseTable, cli
 
 
 def replay_cli(path: Path, capsys: pytest.CaptureFixture[str]) -> list[dict[str, Any]]:
@@ -32,8 +32,16 @@ def test_every_printed_schedule_replays_on_the_real_code(
     assert counterexamples.run(out=buf, scenarios=tmp_path) == 0, buf.getvalue()
     out = buf.getvalue()
     cases = counterexamples.cases()
-    assert out.count("ok   on the real code (leaseproto replay)") == len(cases), out
+    # the BMC cases and the turn-2 gate-only read (proofs/cx_turn2.py)
+    assert out.count("ok   on the real code (leaseproto replay)") == len(cases) + 1, out
     assert "FAIL" not in out
+    events = replay_cli(tmp_path / "turn2-gate-only.jsonl", capsys)
+    assert [e["admits"] for e in events if e["kind"] == "gate"] == [True]
+    freed = [e for e in events if e["kind"] == "release"]
+    assert [e["reason"] for e in freed] == ["expired"] and freed[0]["where"] == "D"
+    done = next(e["t"] for e in events if e["kind"] == "send")
+    assert freed[0]["t"] < done  # D freed the blocks before P's READ completed
+    assert [e["outcome"] for e in events if e["kind"] == "use"] == ["stale", "recomputed"]
     for case in cases:
         events = replay_cli(tmp_path / f"{counterexamples._slug(case.name)}.jsonl", capsys)
         releases = [e for e in events if e["kind"] == "release"]
@@ -93,3 +101,14 @@ def test_a_runtime_that_drops_heartbeats_fails_the_normal_run(
     buf = io.StringIO()
     assert counterexamples.run(out=buf, names=["witness: normal operation"]) == 1
     assert "FAIL on the real code (leaseproto replay): the real code releases it" in buf.getvalue()
+
+
+def test_a_gate_that_refuses_what_the_model_admits_fails_the_turn2_replay(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The turn-2 schedule is checked against the real gate: a ClockOffset whose
+    gate differs from the model's (here: refuses everything) fails it."""
+    monkeypatch.setattr(ClockOffset, "read_allowed", lambda self, d, *, now, margin=5.0: False)
+    buf = io.StringIO()
+    assert counterexamples.run(out=buf, names=["turn2 gate-only"]) == 1
+    assert "FAIL on the real code (leaseproto replay): the real gate refuses" in buf.getvalue()

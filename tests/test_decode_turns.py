@@ -15,10 +15,10 @@ pytest.importorskip("prometheus_client")
 
 from leaseproto import LeaseConfig
 from leaseproto.core import wire
+from leaseproto.toymodel.tiny_decoder import TinyDecoder
 from leaseproto.workers.decode_state import DecodeOptions, Req, hello
 from leaseproto.workers.decode_turns import TurnGrants, for_grantor
 from leaseproto.workers.messages import RankParams
-from leaseproto.workers.model import TinyDecoder
 from leaseproto.workers.notifications import DropLog, NotificationGate
 
 P_AGENT = "prefill-engine-r0-aaaaaa"
@@ -87,7 +87,7 @@ def test_the_cached_turn_lease_is_the_ttl_capped_by_the_max_lifetime(
     cache = t.keep(finished(backend))
     assert cache is not None
     assert cache["num_tokens"] == 8  # prompt + the tokens but the last
-    assert cache["ranks"][0]["block_ids"] == t.blocks[cache["remote_req_id"]]
+    assert cache["ranks"][0]["block_ids"] == t.grants.blocks[cache["remote_req_id"]]
     assert cache["ranks"][0]["lease_remaining"] == pytest.approx(lease, abs=0.5)
 
 
@@ -100,9 +100,9 @@ def test_I14_p_transfer_done_gets_ok_and_frees_the_blocks_another_agent_is_refus
     msgs = [hello(), *wire.encode_heartbeat([lease]), wire.encode_transfer_done(lease, 1)]
     assert all(for_grantor(m) for m in msgs) and not for_grantor(wire.encode_ok(lease))
     t.grant_step([("decode-r9-cccccc", wire.encode_transfer_done(lease, 1))])  # not bound
-    assert backend.pool.num_free == 14 and t.binding.refused["transfer_done"] == 1
+    assert backend.pool.num_free == 14 and t.grants.binding.refused["transfer_done"] == 1
     t.grant_step([(P_AGENT, m) for m in msgs])
     assert (P_AGENT, wire.encode_ok(wire.CAPABILITY)) in backend.sent
     assert (P_AGENT, wire.encode_ok(lease)) in backend.sent
-    assert backend.pool.num_free == 16 and len(t.table) == 0
+    assert backend.pool.num_free == 16 and len(t.grants.table) == 0
     assert t.stats()["turn_table"]["released_transferred"] == 1

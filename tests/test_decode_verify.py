@@ -223,8 +223,8 @@ class Harness:
         self.step()
 
     def req(self, req_id: str) -> Any:
-        return self.worker.running.get(req_id) or next(
-            r for r in self.worker.waiting if r.req_id == req_id
+        return self.worker.scheduler.running.get(req_id) or next(
+            r for r in self.worker.scheduler.waiting if r.req_id == req_id
         )
 
     def close(self) -> None:
@@ -263,7 +263,7 @@ def test_a_contradicting_message_is_refused_once_p_greeted(d: Harness) -> None:
     legit = d.submit(decode_msg([rank()]))
     d.step()
     d.greet()
-    record = d.worker.engines[P_ENGINE]
+    record = d.worker.leases.engines[P_ENGINE]
     doubled = [rank(advert=False, tp=2), rank(advert=False, r=1, tp=2)]
     forged = d.submit(decode_msg(doubled))
     answer = d.answers[forged]
@@ -272,7 +272,7 @@ def test_a_contradicting_message_is_refused_once_p_greeted(d: Harness) -> None:
     other_host["host"] = "10.9.9.9"
     forged2 = d.submit(decode_msg([other_host]))
     assert "10.9.9.9" in d.answers[forged2]["error"]
-    assert d.worker.engines[P_ENGINE] is record
+    assert d.worker.leases.engines[P_ENGINE] is record
     assert d.worker.stats()["contradicting_requests"] == 2
     assert d.req(legit).verified and legit not in d.answers
 
@@ -303,7 +303,7 @@ def test_a_restarted_p_is_taken_once_its_old_agent_is_gone(d: Harness) -> None:
     restarted = d.submit(decode_msg([rank(new)]))
     assert restarted not in d.answers, d.answers.get(restarted)
     assert d.req(restarted).verified
-    assert d.worker.engines[P_ENGINE].agents == (new,)
+    assert d.worker.leases.engines[P_ENGINE].agents == (new,)
 
 
 def test_mixed_adverts_in_one_message_are_refused(d: Harness) -> None:
@@ -351,8 +351,8 @@ def test_a_p_agent_silent_to_the_hello_costs_a_recompute_not_a_hang(d: Harness) 
     req_id = d.submit(decode_msg([rank()]))
     d.step()
     assert d.backend.hellos_to(P_AGENT)
-    later = d.worker._clock() + LeaseConfig(3.0).lease_extension + 0.1
-    d.worker._now = later  # the clock never goes back: this is "now" from here
+    later = d.worker.scheduler._clock() + LeaseConfig(3.0).lease_extension + 0.1
+    d.worker.scheduler._now = later  # the clock never goes back: this is "now" from here
     d.worker.step(wait_s=0)
     d.step()
     assert d.answers[req_id]["ok"] and d.answers[req_id]["recomputed"]
@@ -386,7 +386,7 @@ def test_an_abort_stops_the_followers_read(d: Harness) -> None:
     d.greet()
     assert d.req(req_id).state == "reading"
     d.submit({"op": "abort", "req_id": req_id})
-    assert req_id not in d.worker.tracker._engine_of
+    assert req_id not in d.worker.leases.tracker._engine_of
     assert {"op": "abort", "req_id": req_id} in told
     assert d.backend.released == d.backend.reads
 

@@ -14,10 +14,12 @@ import pytest
 
 pyte = pytest.importorskip("pyte")
 pytest.importorskip("rich")
-pytest.importorskip("zmq")  # leaseproto.workers.demo imports the cluster and its client
+pytest.importorskip("zmq")  # leaseproto.demo.run imports the cluster and its client
 
-from leaseproto.workers import demo  # noqa: E402
-from leaseproto.workers.demo_view import DemoDisplay, surge_status, wrap  # noqa: E402
+from leaseproto.demo import run as demo  # noqa: E402
+from leaseproto.demo import summary as demo_report  # noqa: E402
+from leaseproto.demo.turns import TurnsResult  # noqa: E402
+from leaseproto.demo.view import DemoDisplay, surge_status, turns_status, wrap  # noqa: E402
 
 COLUMNS = 80
 
@@ -84,9 +86,9 @@ def test_kept_lines_never_break_between_a_number_and_its_unit() -> None:
     )
 
     def draw(v: DemoDisplay) -> None:
-        v.line(demo._header(settings))
-        v.verdict(demo._verdict(crash, settings))
-        v.verdict(demo._verdict(surge, settings))
+        v.line(demo_report.header(settings))
+        v.verdict(demo_report.verdict(crash, settings))
+        v.verdict(demo_report.verdict(surge, settings))
 
     shown = [ln for ln in _screen(draw) if ln]
     assert shown[0].startswith("leaseproto demo: kv_lease_duration 3 s"), shown
@@ -105,3 +107,46 @@ def test_wrap_keeps_units_and_indents_continuations() -> None:
     assert not _breaks_a_unit(lines)
     assert " ".join(ln.strip() for ln in lines) == text.strip()
     assert wrap("", 80) == [""] and wrap("a\nb", 80) == ["a", "b"]
+
+
+def _turns() -> list[TurnsResult]:
+    common = {"conversations": 12, "ttl_s": 2.0, "stall_s": 3.0, "reached_s": [3.1, 13.25]}
+    ours = TurnsResult(
+        "4 turns", "verified", identical=12, verified=11, recomputed={"nack": 1},
+        heartbeats=1234, kept=11, expired_stalled=1, nk=1,
+        stalled="prefix recomputed (nack), output identical to the reference", **common,
+    )  # fmt: skip
+    vllm = TurnsResult(
+        "5 turns", "gate-only", identical=11, differing=1, unverified=1,
+        recomputed={"gate": 11}, expired_waiting=11, expired_stalled=1, violations_i14=1,
+        stalled="prefix used as read, output DIFFERENT from the reference", **common,
+    )  # fmt: skip
+    return [ours, vllm]
+
+
+def test_turns_status_shows_d_s_cached_turns_first_in_80_columns() -> None:
+    d = {"turn_leases_live": 12, "turn_table": {"released_expired": 11}, "waiting": 30}
+    p = {"queued": 11, "prefix_heartbeats_sent": 1234}
+    shown = _screen(lambda v: v.status("5 turns", turns_status(d, p), done=13, total=31))
+    status = [ln for ln in shown if "done |" in ln]
+    assert len(status) == 1 and len(status[0]) <= COLUMNS, shown
+    assert "13/31 done | D turns 12 held 11 expired" in status[0], status
+
+
+def test_the_turns_table_and_verdicts_fit_80_columns_uncut() -> None:
+    results = _turns()
+
+    def draw(v: DemoDisplay) -> None:
+        for r in results:
+            v.verdict(demo_report.turns_verdict(r))
+        v.table(*demo_report.turns_table(results))
+
+    shown = [ln for ln in _screen(draw) if ln]
+    assert all(len(ln) <= COLUMNS for ln in shown), shown
+    assert not _breaks_a_unit(shown), shown
+    assert not any("\u2026" in ln for ln in shown), shown  # no cell cut to fit
+    rows = [ln.split() for ln in shown if ln.startswith(("4 turns", "5 turns"))]
+    assert rows == [
+        ["4", "turns", "verified", "12/12", "11", "0", "1", "11", "0", "0"],
+        ["5", "turns", "gate-only", "11/12", "0", "1", "11", "0", "11", "1"],
+    ], shown

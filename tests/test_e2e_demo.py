@@ -73,7 +73,7 @@ SMALL = ["--first-wave", "6", "--waves", "2", "--wave", "2"]
 
 def _is_status(line: str) -> bool:
     """A line of the live status: the phase, a bar, the figures."""
-    return "━" in line or "answered |" in line or "blocks freed;" in line
+    return "━" in line or "answered |" in line or "done |" in line or "blocks freed;" in line
 
 
 def test_demo_reads_well_in_80_columns() -> None:
@@ -89,24 +89,54 @@ def test_demo_reads_well_in_80_columns() -> None:
     # phase 2's moment of the kill stays readable
     kill = [ln for ln in shown if "SIGKILL D" in ln]
     assert len(kill) == 1 and "P holds" in kill[0], text
-    # the verdicts and the table are there, fitted to the width
-    assert sum("->" in ln for ln in shown) == 3, text
+    # the verdicts and the tables are there, fitted to the width
+    assert sum("->" in ln for ln in shown) == 5, text
     assert any(ln.lstrip().startswith("1 surge") for ln in shown), text
+    assert any(ln.startswith("4 turns") for ln in shown), text
+    assert any(ln.startswith("5 turns") and "gate-only" in ln for ln in shown), text
+    assert not any("\u2026" in ln for ln in shown), text  # no table cell cut to fit
     assert "total " in text
     assert all(len(ln) <= 80 for ln in shown)
 
 
-def test_demo_piped_is_plain_text(tmp_path: Path) -> None:
+def test_demo_piped_is_plain_text_and_its_turns_phases_show_what_they_claim(
+    tmp_path: Path,
+) -> None:
+    figures = tmp_path / "demo.json"
     out = subprocess.run(
-        [sys.executable, "-m", "leaseproto", "demo", *SMALL],
+        [sys.executable, "-m", "leaseproto", "demo", *SMALL, "--json", str(figures)],
         capture_output=True,
-        timeout=300,
+        timeout=420,
         check=False,
     )
     assert out.returncode == 0, out.stderr.decode()
     assert b"\x1b" not in out.stdout and b"\r" not in out.stdout
     text = out.stdout.decode()
-    assert "SIGKILL D" in text and text.count("->") == 3 and "total " in text
+    assert "SIGKILL D" in text and text.count("->") == 5 and "total " in text
+    run = json.loads(figures.read_text())
+    ours, vllm = run["turns"]
+    ttl = run["settings"]["turn_ttl"]
+    for t in (ours, vllm):  # the same schedule: every turn 2 reached P's READ after D's lease
+        assert t["conversations"] == 3 and len(t["reached_s"]) == 3, t
+        assert min(t["reached_s"]) > ttl, t
+    # ours: every answer right; P's heartbeats kept every queued turn's blocks (I16); the
+    # stalled read's lease ran out, D said NK and P recomputed (I14); the traces are clean
+    assert ours["reads"] == "verified"
+    assert ours["identical"] == 3 and ours["differing"] == ours["failed"] == 0, ours
+    assert ours["kept"] == 2 and ours["expired_waiting"] == 0 and ours["heartbeats"] > 0, ours
+    assert ours["verified"] == 2 and ours["recomputed"] == {"nack": 1} and ours["nk"] == 1, ours
+    assert ours["expired_stalled"] == 1 and ours["violations_i14"] == 0, ours
+    assert run["trace_check"]["turns-verified"]["ok"]
+    # gate-only: nothing kept D's blocks; the queued reads were refused by the gate and
+    # the stalled one used as read from reused blocks: a wrong answer, and check-trace
+    # names it (I14)
+    assert vllm["reads"] == "gate-only" and vllm["heartbeats"] == 0 and vllm["nk"] == 0
+    assert vllm["kept"] == 0 and vllm["expired_waiting"] == 2, vllm
+    assert vllm["recomputed"] == {"gate": 2} and vllm["unverified"] == 1, vllm
+    assert vllm["differing"] == 1 and vllm["identical"] == 2, vllm
+    assert "DIFFERENT" in vllm["stalled"], vllm
+    assert vllm["violations_i14"] == 1
+    assert run["trace_check"]["turns-gate-only"]["by_invariant"] == {"I14": 1}
 
 
 def test_demo_into_head_exits_quietly(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ import pytest
 from e2e_workers import Cluster, prompts, run_batch, spec
 
 from leaseproto.checker.trace import check_files
-from leaseproto.workers.cluster import TraceViolation
+from leaseproto.harness.cluster import TraceViolation
 
 pytestmark = pytest.mark.e2e
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from e2e_workers import ANSWER_S, EXTENSION, Cluster, prompts, reference, spec, wait_for
 
-from leaseproto.workers.client import RouterClient
+from leaseproto.harness.client import RouterClient
 
 pytestmark = pytest.mark.e2e
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections import OrderedDict
 from typing import Any
 
 import pytest
@@ -26,8 +25,7 @@ from leaseproto.core import rules as R
 from leaseproto.core.errors import LocalProtocolError
 from leaseproto.core.events import Release, ReleaseReason, make_releases
 from leaseproto.testing import NaiveLeaseTable
-from leaseproto.workers.prefill_binding import ReaderBinding
-from leaseproto.workers.prefill_leases import PrefillLeases
+from leaseproto.workers.prefill_leases import LeaseGrants
 
 GRANTED = [f"req-{i:03d}" for i in range(6)]
 UNKNOWN_VALID = ["fresh-1", "x" * 40, "caf\u00e9-2", "a:b"]
@@ -208,6 +206,7 @@ class _Backend:
 
 class _Opts:
     policy = "lease"
+    config = LeaseConfig()
 
 
 class _Metrics:
@@ -235,26 +234,22 @@ class _Drops:
         self.dropped.append(why)
 
 
-def _worker(fused: bool) -> PrefillLeases:
-    w = PrefillLeases()
-    w.opts = _Opts()  # type: ignore[assignment]
-    w.table = LeaseTable(LeaseConfig())
-    w.backend = _Backend()  # type: ignore[assignment]
-    w.metrics = _Metrics()  # type: ignore[assignment]
-    w.drops = _Drops()  # type: ignore[assignment]
-    w.notes = _Drops()  # type: ignore[assignment]
-    w.blocks = {}
-    w.binding = ReaderBinding()
-    w.forgotten_readers = OrderedDict()
-    w.verdict_readers = set()
-    w.verdicts_sent = dict.fromkeys(("ok", "nk", "ll", "hello"), 0)
-    w.nacks_sent = w.heartbeats_received = w.malformed = 0
+def _worker(fused: bool) -> LeaseGrants:
+    w = LeaseGrants(
+        _Opts(),  # type: ignore[arg-type]
+        LeaseTable(LeaseConfig()),
+        _Backend(),  # type: ignore[arg-type]
+        _Metrics(),  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]  # the gate: notifications are handed in
+        drops=_Drops(),  # type: ignore[arg-type]
+        notes=_Drops(),  # type: ignore[arg-type]
+    )
     if not fused:
         w._fused_heartbeat = lambda *a: False  # type: ignore[method-assign]
     return w
 
 
-def _state(w: PrefillLeases) -> Any:
+def _state(w: LeaseGrants) -> Any:
     m: Any = w.metrics
     return (
         w.table.stats,

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from leaseproto.adapters.kv_pool import KVPool, read_plan
-from leaseproto.workers.model import TinyDecoder
+from leaseproto.toymodel.tiny_decoder import TinyDecoder
 
 NEW = 12
 

@@ -14,7 +14,7 @@ import random
 import pytest
 
 from leaseproto.adapters.kv_pool import KVPool
-from leaseproto.workers.model import TinyDecoder
+from leaseproto.toymodel.tiny_decoder import TinyDecoder
 
 NEW = 8
 

@@ -16,8 +16,8 @@ pytest.importorskip("msgspec")
 from leaseproto import LeaseConfig
 from leaseproto.adapters.xfer import Transfer
 from leaseproto.core import wire
+from leaseproto.toymodel.tiny_decoder import TinyDecoder
 from leaseproto.workers.messages import TransferParams, parse
-from leaseproto.workers.model import TinyDecoder
 from leaseproto.workers.notifications import DropLog
 from leaseproto.workers.prefill_prefix import PrefixReads
 
@@ -78,7 +78,9 @@ class FakeBackend:
             x._state = "DONE"
 
 
-def params(remaining: float = 2.0, agents: tuple[str, ...] = D_AGENTS) -> TransferParams:
+def params(
+    remaining: float = 2.0, agents: tuple[str, ...] = D_AGENTS, lease: str = "turn-0123456789abcdef"
+) -> TransferParams:
     ranks = [
         {
             "rank": i,
@@ -92,17 +94,21 @@ def params(remaining: float = 2.0, agents: tuple[str, ...] = D_AGENTS) -> Transf
         }
         for i, a in enumerate(agents)
     ]
-    msg = {"remote_req_id": "turn-0123456789abcdef", "engine_id": "d", "ranks": ranks}
+    msg = {"remote_req_id": lease, "engine_id": "d", "ranks": ranks}
     return parse(msg, TransferParams)
 
 
-def reads(agents: tuple[str, ...] = D_AGENTS, remaining: float = 2.0) -> tuple[Any, Any]:
+def reads(
+    agents: tuple[str, ...] = D_AGENTS, remaining: float = 2.0, p_tp: int = 2, **kw: Any
+) -> tuple[Any, Any]:
+    """``PrefixReads`` (``kw``: its options) tracking ``r1``'s prefix, and its backend."""
     backend = FakeBackend()
     pr = PrefixReads(
         backend,  # type: ignore[arg-type]
         CONFIG,
-        p_tp=2,
+        p_tp=p_tp,
         notes=DropLog(logging.getLogger("test")),
+        **kw,
     )
     pr.track("r1", params(remaining, agents), 7, now=0.0)
     return pr, backend
@@ -190,3 +196,51 @@ def test_I14_without_ok_the_prefix_is_recomputed(how: str) -> None:
     assert aborted == (how != "nack")  # D is told unless its lease had ended already
     assert pr.done("r1") == {"tokens": 7, "verified": False, "recomputed": reason}
     assert backend.staging.num_free == backend.staging.num_blocks
+
+
+def test_gate_only_reads_as_vllm_no_heartbeat_no_hello_no_verdict() -> None:
+    pr, backend = reads(p_tp=1, gate_only=True)
+    p = pr.get("r1")
+    assert p is not None
+    for now in (0.0, 0.6, 1.2):  # nothing renews D's lease, nobody is greeted
+        pr.step(now=now)
+    assert backend.sent == []
+    pr.start(p, now=1.2)  # 0.8 s left > margin 0.2: vLLM's gate admits
+    assert [x.notif_msg for x in backend.reads] == [b"turn-0123456789abcdef:1"]
+    backend.finish_reads()
+    pr.step(now=1.3)
+    assert p.state == "ok"  # used as read: no OK awaited
+    assert pr.counts["prefix_unverified"] == 1 and pr.counts["prefix_verified"] == 0
+    use = [f for k, f in backend.trace.events if k == "use"]
+    assert use == [{"req": "r1", "kind": "prefix", "remote": p.lease_id, "ok_from": []}]
+    assert pr.done("r1") == {"tokens": 7, "verified": False, "recomputed": None}
+
+
+def test_gate_only_gate_refuses_without_telling_d() -> None:
+    pr, backend = reads(p_tp=1, gate_only=True)
+    p = pr.get("r1")
+    assert p is not None
+    pr.start(p, now=2.0 - CONFIG.safety_margin)  # now + margin reaches the deadline
+    assert p.state == "lost" and p.reason == "gate"
+    assert backend.reads == [] and backend.sent == []  # vLLM sends D nothing
+
+
+def test_a_stall_at_the_gate_holds_the_read_and_its_heartbeats_then_posts_it() -> None:
+    pr, backend = reads(p_tp=1, stall_at_gate=3.0, stalls=1)
+    pr.track("r2", params(lease="turn-2"), 7, now=0.0)
+    greet(pr)
+    p1, p2 = pr.get("r1"), pr.get("r2")
+    assert p1 is not None and p2 is not None
+    pr.start(p1, now=0.1)
+    assert p1.admitted and backend.reads == []  # admitted, not read
+    assert ("stall", {"req": "r1", "remote": p1.lease_id, "seconds": 3.0}) in backend.trace.events
+    sent = len(backend.sent)
+    pr.step(now=CONFIG.heartbeat_interval + 0.2)
+    beats = [x for _, x in backend.sent[sent:] if x.startswith(b"HB:")]
+    assert beats == [b"HB:turn-2"]  # the stalled read gets none; the one still queued does
+    pr.start(p1, now=3.0)
+    assert backend.reads == []
+    pr.start(p1, now=3.1)  # the stall is over: the READ goes out, the gate is not asked again
+    assert [x.notif_msg for x in backend.reads] == [b"turn-0123456789abcdef:1"]
+    pr.start(p2, now=0.5)  # only the first read admitted stalls
+    assert len(backend.reads) == 2

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import z3
-from leaseproto.proofs import check, counterexamples
+from leaseproto.proofs import check, counterexamples, cx_turn2
 
 from leaseproto import cli
 from leaseproto.core import rules
@@ -67,7 +67,13 @@ def test_counterexamples_are_found_and_printed() -> None:
         assert f"[{case.name}]" in out
         assert f"FAIL counterexample [{case.name}]" not in out
     blocks = re.split(r"^ok   ", out, flags=re.M)[1:]
-    assert len(blocks) == len(counterexamples.cases())
+    # one block per case, then the gate-only turn-2 read (proofs/cx_turn2.py),
+    # which is searched and replayed on its own model
+    assert len(blocks) == len(counterexamples.cases()) + 1
+    turn2 = blocks.pop()
+    assert turn2.startswith(f"counterexample [{cx_turn2.NAME}]"), turn2
+    assert turn2.splitlines()[-1].strip().startswith("ok   on the real code"), turn2
+    assert "frees X" in turn2 and "reused blocks" in turn2, turn2
     for block in blocks:
         if block.startswith("counterexample") and "reaper" not in block:
             # the schedule ends with P expiring the lease D still tracks, and the

@@ -207,6 +207,13 @@ BAD = [
     ('{"t": 0, "op": "expect", "released": {"A": "gone"}}', 1, "needs a reason"),
     ("[1, 2]", 1, "must be a JSON object"),
     ("# only a comment", 0, "no operations"),
+    ('{"grantor": "Q"}', 1, "'grantor' must be"),
+    # a mirrored world writes the reader's crash p_crash: d_crash would be the grantor's
+    ('{"grantor": "D"}\n{"t": 0, "op": "d_crash"}', 2, "unknown op 'd_crash'; known: grant"),
+    ('{"t": 1, "op": "gate", "id": "A", "sampled_at": 0.5, "rtt": 1}', 1, "ends after 't'"),
+    ('{"t": 1, "op": "gate", "id": "A", "rho": 1}', 1, "'rho' must be below 1"),
+    ('{"t": 1, "op": "use", "id": "A"}', 1, "missing field 'verify'"),
+    ('{"t": 1, "op": "expect", "uses": {"A": ["fine"]}}', 1, "must be a list of used, stale"),
 ]
 
 
@@ -234,6 +241,22 @@ RUNTIME_BAD = [
     ('{"t": 0, "op": "send", "abort": "a,b"}', 1, "contains ','"),
     ('{"t": 0, "op": "expect", "p_stats": {"nope": 1}}', 1, "unknown p_stats counter"),
     ('{"t": 0, "op": "expect", "where": "Z", "live": []}', 1, "names no engine or rank"),
+    ('{"t": 0, "op": "gate", "id": "A"}', 1, "gate: P never granted 'A'"),
+    (
+        '{"t": 0, "op": "grant", "id": "A"}\n{"t": 1, "op": "use", "id": "A", "verify": true}',
+        2,
+        "use: 'A' was never read",
+    ),
+    (
+        '{"grantor": "D"}\n{"t": 0, "op": "p_crash"}\n{"t": 1, "op": "track", "id": "a"}',
+        3,
+        "P is down (crashed at line 2); add a p_restart line first",
+    ),
+    (
+        '{"grantor": "D"}\n{"t": 0, "op": "expect", "d_stats": {"heartbeats": 1}}',
+        2,
+        "unknown d_stats counter",
+    ),
 ]
 
 
@@ -259,3 +282,63 @@ def test_parse_errors_reach_the_cli_without_a_traceback(
     assert "line 2: unknown op 'nope'" in err and "Traceback" not in err
     status, _, err = _run(capsys, str(tmp_path / "missing.jsonl"))
     assert status == 2 and "cannot read" in err
+
+
+# -- the mirrored world: D grants, P reads (spec §2.8) -----------------------------------------
+def test_turn2_gate_admits_then_a_late_read_is_stale_gate_only_and_recomputed_verified_I14() -> (
+    None
+):
+    result = replay_text((SCENARIOS / "turn2-gate-only.jsonl").read_text())
+    ev = result.events
+    gates = {e.data["id"]: e.data["admits"] for e in ev if e.kind == "gate"}
+    assert gates == {"X": True, "Y": True}  # the real ClockOffset gate admits both reads
+    assert all(e.where == "P" for e in ev if e.kind in ("gate", "use", "track", "untrack"))
+    freed = {e.data["id"]: e.t for e in ev if e.kind == "release"}
+    done = next(e.t for e in ev if e.kind == "send" and e.data["payload"] == "X:1")
+    assert freed["X"] < freed["Y"] < done  # D freed both before the READs completed
+    assert {e.data["id"]: e.data["outcome"] for e in ev if e.kind == "use"} == {
+        "X": "stale",  # gate-only: used anyway, from blocks D may have reused
+        "Y": "recomputed",  # verified: D's NK, the prefix is recomputed
+    }
+    assert [e.data["verdict"] for e in ev if e.kind == "late_transfer"] == [
+        "NK:expired:X",
+        "NK:expired:Y",
+    ]
+
+
+def test_a_mirrored_world_runs_the_same_engine_with_the_sides_renamed() -> None:
+    """normal.jsonl with the roles swapped: the same decisions, printed for D
+    granting and P reading, with the letters of the ops swapped."""
+    normal = (SCENARIOS / "normal.jsonl").read_text()
+    swap = {"p_step": "d_step", "d_step": "p_step", "p_stats": "d_stats", "d_stats": "p_stats"}
+    lines = []
+    for raw in normal.splitlines():
+        if not raw.startswith("{"):
+            continue
+        obj = json.loads(raw)
+        if "op" in obj:
+            obj = {swap.get(k, k): v for k, v in obj.items()}
+            obj["op"] = swap.get(obj["op"], obj["op"])
+        else:
+            obj["grantor"] = "D"
+        lines.append(json.dumps(obj))
+    plain, mirrored = replay_text(normal), replay_text("\n".join(lines))
+    assert mirrored.ok and plain.ok and mirrored.expects_ok == plain.expects_ok
+    swap_side = {"P": "D", "D": "P", "-": "-"}
+    assert [(e.t, e.kind) for e in mirrored.events] == [(e.t, e.kind) for e in plain.events]
+    assert [e.where for e in mirrored.events] == [swap_side[e.where] for e in plain.events]
+
+
+def test_a_verified_use_waits_for_the_verdict_and_uses_an_ok() -> None:
+    text = """{"grantor": "D", "delay": 0.1}
+{"t": 0, "op": "grant", "id": "X"}
+{"t": 1, "op": "send", "transfer_done": "X"}
+{"t": 1, "op": "use", "id": "X", "verify": true}
+{"t": 1.2, "op": "d_step"}
+{"t": 1.3, "op": "use", "id": "X", "verify": true}
+{"t": 1.3, "op": "use", "id": "X", "verify": false}
+{"t": 1.3, "op": "expect", "uses": {"X": ["waiting", "used", "used"]}}
+{"t": 1.3, "op": "expect", "d_stats": {"released_transferred": 1}}
+"""
+    result = replay_text(text)
+    assert result.ok, [e.text for e in result.events]

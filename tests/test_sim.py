@@ -7,6 +7,7 @@ notification delay bound.
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import re
@@ -190,6 +191,35 @@ def test_step_boundaries_skip_stalls() -> None:
         b = d.step_at(t, 0.05)
         assert b >= t
         assert not (1.0 < b < 3.5 or 10.0 < b < 10.2)
+
+
+@pytest.mark.parametrize("cycle", [False, True])
+def test_a_run_leaves_no_cyclic_garbage(monkeypatch: pytest.MonkeyPatch, cycle: bool) -> None:
+    # A run turns the cyclic collector off (FleetRun.run): whatever it drops must be freed by
+    # reference counting alone, or a long run would keep it. With `cycle`, a handler that
+    # leaves a reference cycle behind shows the check sees one.
+    if cycle:
+        sample = FleetRun._sample
+
+        def leaky(self: FleetRun, t: float, arg: object) -> None:
+            loop: list[object] = []
+            loop.append(loop)
+            sample(self, t, arg)
+
+        monkeypatch.setattr(FleetRun, "_sample", leaky)
+    wl = generate(CRASH, 3)
+    FleetRun(wl, Policy.lease()).run()
+    assert gc.isenabled()  # a run turns the collector back on
+    run = FleetRun(wl, Policy.lease())
+    gc.collect()
+    gc.disable()  # (so that nothing collects the run's garbage before we count it)
+    try:
+        run.run()
+        assert not gc.isenabled()  # a run leaves the collector as it found it
+        found = gc.collect()
+    finally:
+        gc.enable()
+    assert found > 0 if cycle else found == 0
 
 
 def test_presets_and_scale() -> None:

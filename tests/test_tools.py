@@ -188,17 +188,62 @@ def test_a_failed_test_is_classed_by_what_it_raised() -> None:
     assert kind(group("one", [NameError("n")])) == "crash"
 
 
-def test_a_proof_that_fails_because_the_code_raised_is_a_crash() -> None:
+def test_the_proofs_layer_runs_units_until_one_fails_by_behaviour(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A unit that fails only because the code raised (a crash) or z3 could not decide an
+    obligation in time (a timeout) does not end the proofs layer: a later unit can still
+    fail by behaviour, which is the kill's kind; a unit whose building raises is one
+    crashed failure (proofs/units.py)."""
     import mutation_layers
+    import z3
+    from leaseproto.proofs import check, units
 
-    raised = (
-        "ok   [table] L1  (3 ms)\nFAIL [loops] L14 renew real  (40 ms)\n"
-        "       renew real ('a',): the loop raised KeyError: 'a'\n"
-        "FAIL [loops] L14 renew ieee  (40 ms)\n"
-        "       expire_end raised NameError: name 'x' is not defined\nFAILED: 2 of 3\n"
+    def raising() -> list[check.Obligation]:
+        raise KeyError("released")
+
+    crash = check.Obligation("s", "raised", (), "unsat", [z3.BoolVal(True)], crashed=True)
+    wrong = check.Obligation("s", "refuted", (), "unsat", [z3.BoolVal(True)])
+    fine = check.Obligation("s", "holds", (), "unsat", [z3.BoolVal(False)])
+    ran: list[str] = []
+
+    def unit(name: str, obs: list[check.Obligation]) -> Any:
+        def build() -> list[check.Obligation]:
+            ran.append(name)
+            return obs
+
+        return build
+
+    monkeypatch.setattr(
+        units,
+        "UNITS",
+        {
+            "a": unit("a", [fine]),
+            "b": unit("b", [crash]),
+            "c": raising,
+            "d": unit("d", [fine, wrong]),
+            "e": unit("e", [wrong]),
+        },
     )
-    assert mutation_layers.proofs_kind(raised) == "crash"
-    refuted = raised + "FAIL [lease] I2 preserved by renew  (5 ms)\n       I2: counterexample\n"
-    assert mutation_layers.proofs_kind(refuted) == "behaviour"
-    first = "FAIL [lease] I8  (5 ms)\n       z3 answered unknown (timeout): counted as FAIL\n"
-    assert mutation_layers.proofs_kind(first) == "behaviour"
+    record: dict[str, Any] = {}
+    assert mutation_layers._run_proofs(None, record, None)
+    assert ran == ["a", "b", "d"]  # stopped at d, the first failure by behaviour
+    assert record["kind"] == "behaviour" and record["first"].startswith("d: [s] refuted")
+    assert record["obligations_failed"] == 3 and record["obligations_crashed"] == 2
+    record = {}
+    assert mutation_layers._run_proofs(["b", "c"], record, None)
+    assert record["kind"] == "crash" and record["first"].startswith("b: [s] raised")
+    x, y, w = z3.Ints("x y w")  # z3 cannot decide it in time: a timeout, not behaviour
+    hard = [x > 0, y > 0, w > 0, x * x * x + y * y * y == w * w * w]
+    undecided = check.Obligation("s", "fermat 3", (), "unsat", hard)
+    monkeypatch.setitem(units.UNITS, "f", unit("f", [undecided]))
+    monkeypatch.setattr(mutation_layers, "PROOF_TIMEOUT_MS", 50)
+    record = {}
+    assert mutation_layers._run_proofs(["f", "a"], record, None)
+    assert record["kind"] == "timeout" and record["obligations_unknown"] == 1
+    record = {}
+    assert mutation_layers._run_proofs(["f", "e"], record, None)
+    assert record["kind"] == "behaviour"
+    record = {}
+    assert not mutation_layers._run_proofs(["a"], record, None)
+    assert "kind" not in record

@@ -22,10 +22,8 @@ from vllm_stubs import (
     worker_stat,
 )
 
-from leaseproto.integrations.vllm.scheduler import (
-    PARAMS_KEY,
-    LeaseprotoConnectorScheduler,
-)
+from leaseproto.integrations.vllm.scheduler import LeaseprotoConnectorScheduler
+from leaseproto.integrations.vllm.tracking import PARAMS_KEY
 from leaseproto.integrations.vllm.worker import LeaseprotoConnectorWorker
 
 pytestmark = pytest.mark.vllm

@@ -24,7 +24,7 @@ from vllm_stubs import (
     worker_stat,
 )
 
-from leaseproto.integrations.vllm.scheduler import PARAMS_KEY, VERIFY_ATTR
+from leaseproto.integrations.vllm.tracking import PARAMS_KEY, VERIFY_ATTR
 
 pytestmark = pytest.mark.vllm
 

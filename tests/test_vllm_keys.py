@@ -176,7 +176,7 @@ def test_keyed_heartbeats_greet_first_and_are_sealed(
         NixlConnectorMetadata,
     )
 
-    from leaseproto.integrations.vllm.scheduler import ENGINE_AUTH_ATTR
+    from leaseproto.integrations.vllm.tracking import ENGINE_AUTH_ATTR
 
     d = make_worker(True, name="d0", agents={"P0": {(0, 0): b"p0"}}, extra=_extra(keys["a"]))
     p = _prefill(keys["a"], clock)
@@ -337,11 +337,8 @@ def test_p_advertises_its_key_id(
     )
     from vllm.v1.request import RequestStatus
 
-    from leaseproto.integrations.vllm.scheduler import (
-        ENGINE_AUTH_ATTR,
-        PARAMS_KEY,
-        LeaseprotoConnectorScheduler,
-    )
+    from leaseproto.integrations.vllm.scheduler import LeaseprotoConnectorScheduler
+    from leaseproto.integrations.vllm.tracking import ENGINE_AUTH_ATTR, PARAMS_KEY
 
     base = make_scheduler(True)
     monkeypatch.setattr(

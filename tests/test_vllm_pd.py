@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -33,30 +34,18 @@ pytestmark = [
 ]
 
 
-def test_leaseproto_pair_serves_no_completion_from_freed_blocks(tmp_path: Path) -> None:
+def _bench(tmp_path: Path, *args: str) -> Any:
+    """benchmarks/vllm_pd.py on the leaseproto pair; what it wrote for the pair."""
     out = tmp_path / "pd.json"
-    r = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "vllm_pd.py"),
-            "--pairs",
-            "leaseproto",
-            "--requests",
-            "6",
-            "--max-tokens",
-            "150",
-            "--workdir",
-            str(tmp_path),
-            "--json",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=1800,
-        check=False,
-    )
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "vllm_pd.py"), "--pairs", "leaseproto"]
+    cmd += [*args, "--workdir", str(tmp_path), "--json", str(out)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    rows = json.loads(out.read_text())["leaseproto"]
+    return json.loads(out.read_text())["leaseproto"]
+
+
+def test_leaseproto_pair_serves_no_completion_from_freed_blocks(tmp_path: Path) -> None:
+    rows = _bench(tmp_path, "--requests", "6", "--max-tokens", "150")
     assert rows["reference_distinct"] > 1  # the random model's outputs depend on the prompt
     for phase in ("surge", "stall"):
         row = rows[phase]
@@ -81,6 +70,24 @@ def test_leaseproto_pair_serves_no_completion_from_freed_blocks(tmp_path: Path) 
     assert trace is not None and trace["files"] == 2, trace
     assert trace["violations"] == 0, trace["violation_list"]
     assert trace["leases"] > 0 and trace["uses"] > 0, trace
+
+
+def test_leaseproto_pair_two_turns_equal_one_instance(tmp_path: Path) -> None:
+    """Bidirectional mode on real engines: turn 1 prefilled on P and decoded on D, which
+    keeps its KV; turn 2 (the conversation so far and new tokens) prefilled on P on top
+    of the prefix P read from D, verified by D's OK (I14), then decoded on D. Both turns
+    equal one instance serving the same tokens, and check-trace finds no violation."""
+    res = _bench(tmp_path, "--two-turn", "--conversations", "2", "--max-tokens", "60")
+    rows = res["conversations"]
+    assert len(rows) == 2
+    for row in rows:
+        assert row["turn1_identical"] and row["turn2_identical"], row
+        assert row["d_returned_blocks"], row  # D kept turn 1 and said where
+        # P read turn 2's prefix from D and used it only after D's OK
+        assert row["p_counters"].get("vllm:leaseproto_reads_verified", 0) >= 1, row
+    trace = res["trace"]
+    assert trace is not None and trace["violations"] == 0, trace["violation_list"]
+    assert trace["uses"] > 0, trace
 
 
 def _group(pgid: int) -> list[int]:

@@ -5,6 +5,7 @@ directory: the peers' tarball is unpacked there, never copied into the repo.
 Needs vLLM and the tarball (``../shared/peers/vllm-0.32.0-tests.tar.gz`` next to
 the repository, or ``LEASEPROTO_VLLM_TESTS``); skipped with the reason otherwise.
 ``LEASEPROTO_VLLM_SUITE=full`` runs the three files whole instead of the lease selection.
+vLLM's bidirectional and push-mode files always run whole.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from leaseproto.integrations.vllm.differences import (
     DIFFERENCES,
     LEASE_TEST_FILES,
     LEASE_TEST_SELECTION,
+    PUSH_TEST_FILE,
     WHOLE_TEST_FILES,
 )
 
@@ -159,6 +161,21 @@ def test_vllm_bidirectional_file_passes_whole_under_leaseproto(
     assert sum(s == "passed" for s in res.values()) >= 30, tail
 
 
+def test_vllm_push_file_passes_whole_under_leaseproto(
+    suite: tuple[Path, dict[str, str]],
+) -> None:
+    """vLLM's push-mode tests (92) on LeaseprotoPushConnector's scheduler and worker:
+    every one passes but those listed in differences.py (checked below)."""
+    listed = [node for node in DIFFERENCES if node.startswith(PUSH_TEST_FILE)]
+    deselect = [a for node in listed for a in ("--deselect", node)]
+    res = run_vllm_tests(suite, [PUSH_TEST_FILE, *deselect], ours=True, name="push")
+    tail = res.pop("__tail__")
+    bad = {n: s for n, s in res.items() if s not in ("passed", "skipped")}
+    assert not bad, f"{bad}\n{tail}"
+    passed = sum(s == "passed" for s in res.values())
+    assert passed + len(listed) >= 92, tail
+
+
 def test_listed_differences_fail_under_leaseproto_and_pass_on_stock(
     suite: tuple[Path, dict[str, str]],
 ) -> None:
@@ -186,6 +203,11 @@ def test_plugin_swaps_every_name() -> None:
         assert scheduler.NixlConnectorScheduler is ours["scheduler"]
         assert connector.NixlPullConnectorWorker is ours["worker"]
         assert connector.NixlPullConnectorScheduler is ours["scheduler"]
+        from vllm.distributed.kv_transfer.kv_connector.v1.nixl import push_scheduler, push_worker
+
+        assert push_worker.NixlPushConnectorWorker is ours["push_worker"]
+        assert push_scheduler.NixlPushConnectorScheduler is ours["push_scheduler"]
+        assert connector.NixlPushConnectorWorker is ours["push_worker"]
     finally:
         for m, names in saved.items():
             for n, v in names.items():

@@ -202,12 +202,9 @@ def worker_stat(w: Any, key: str) -> int:
     return int(sum(w.xfer_stats.data.get(key, [])))
 
 
-def make_reader(d_tp: int, d_rank: int, p_tp: int, engine: str = "P0", **kw: Any) -> Any:
-    """A D worker (ours) set up so that vLLM's own ``_read_blocks_for_req`` runs:
-    a real ``TransferTopology`` and ``compute_tp_mapping`` decide which P ranks
-    this D rank reads (and handshakes with, as vLLM's ``handshake_target_ranks``);
-    P rank ``r``'s agent is ``f"p{r}"``. Only vLLM's ``_read_blocks`` (the NIXL
-    post) is left to the test to replace."""
+def topology(engine: str, rank: int, tp: int, remote: str, remote_tp: int) -> Any:
+    """vLLM's ``TransferTopology`` of rank ``rank`` of ``engine`` (TP ``tp``),
+    handshaken with engine ``remote`` (TP ``remote_tp``), and its TP mapping."""
     from vllm.distributed.kv_transfer.kv_connector.utils import (
         EngineTransferInfo,
         TransferTopology,
@@ -216,29 +213,39 @@ def make_reader(d_tp: int, d_rank: int, p_tp: int, engine: str = "P0", **kw: Any
     from vllm.v1.kv_cache_interface import FullAttentionSpec
 
     topo = TransferTopology(
-        tp_rank=d_rank,
-        tp_size=d_tp,
+        tp_rank=rank,
+        tp_size=tp,
         block_size=16,
-        engine_id="D0",
+        engine_id=engine,
         is_mla=False,
         is_mamba=False,
         total_num_kv_heads=8,
         attn_backends=[],
     )
     topo.register_remote_engine(
-        engine,
+        remote,
         EngineTransferInfo(
-            remote_tp_size=p_tp,
+            remote_tp_size=remote_tp,
             remote_block_len=16 * 4096,
             remote_block_size=16,
             remote_physical_blocks_per_logical=1,
         ),
     )
+    return topo, compute_tp_mapping(topo, remote_tp, (FullAttentionSpec,))
+
+
+def make_reader(d_tp: int, d_rank: int, p_tp: int, engine: str = "P0", **kw: Any) -> Any:
+    """A D worker (ours) set up so that vLLM's own ``_read_blocks_for_req`` runs:
+    a real ``TransferTopology`` and ``compute_tp_mapping`` decide which P ranks
+    this D rank reads (and handshakes with, as vLLM's ``handshake_target_ranks``);
+    P rank ``r``'s agent is ``f"p{r}"``. Only vLLM's ``_read_blocks`` (the NIXL
+    post) is left to the test to replace."""
+    topo, mapping = topology("D0", d_rank, d_tp, engine, p_tp)
     targets = topo.handshake_target_ranks(p_tp)
     # bytes, as in vLLM: NIXL's add_remote_agent returns them (notifications name str)
     w = make_worker(True, agents={engine: {(0, r): f"p{r}".encode() for r in targets}}, **kw)
     w.transfer_topo = topo
-    w.tp_mappings = {engine: compute_tp_mapping(topo, p_tp, (FullAttentionSpec,))}
+    w.tp_mappings = {engine: mapping}
     w._invalid_remote_engines = set()
     w._bidirectional_kv_xfer_enabled = False
     w._recving_transfers = {}

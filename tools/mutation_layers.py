@@ -2,17 +2,18 @@
 forked child: the import hook that serves a mutated module, the runners, the
 baseline's line tracer, and each unit's time limit.
 
-A unit (one test, one checker scope, the proofs) that runs past its limit kills
-the mutant: the limit is a multiple of that unit's own time in the baseline
-(which ran under the line tracer, itself several times slower), so only a mutant
-that loops or slows a unit by an order of magnitude reaches it. A process-wide
-CPU limit backs it up for a hang the interpreter cannot interrupt.
+A unit (one test, one checker scope, one unit of the proofs) that runs past its
+limit kills the mutant: the limit is a multiple of that unit's own time in the
+baseline (which ran under the line tracer, itself several times slower), so only a
+mutant that loops or slows a unit by an order of magnitude reaches it. Times are the
+process's CPU time, not the wall clock, so a machine loaded by other work does not
+turn slow units into kills. A process-wide CPU limit backs it up for a hang the
+interpreter cannot interrupt, and the runner's wall-clock alarm for one that uses no CPU.
 """
 
 # ruff: noqa: PLC0415  (the layers import what they test in the child, after the hook)
 from __future__ import annotations
 
-import contextlib
 import importlib.abc
 import importlib.util
 import io
@@ -37,6 +38,7 @@ TEST_FILES = [  # the fast ones first (a run stops at its first failure)
     "tests/test_bad_input.py",
     "tests/test_state_table.py",
     "tests/test_verdicts.py",
+    "tests/test_push_registrations.py",
     "tests/test_peer.py",
     "tests/test_config.py",
     "tests/test_clock.py",
@@ -111,15 +113,16 @@ class _Serve(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 class Limits:
-    """The child's timer: each unit armed with its own limit, the layer's as the
-    outer one. On expiry the child writes its verdict (killed: timeout) and exits."""
+    """The child's timer, in CPU seconds of the process: each unit armed with its own
+    limit, the layer's as the outer one. On expiry the child writes its verdict
+    (killed: timeout) and exits."""
 
     def __init__(self, out: Path, layer: str, total: float, took: dict[str, float]) -> None:
         self.out, self.layer, self.took = out, layer, took
-        self.end = time.monotonic() + total
+        self.end = time.process_time() + total
         self.what = f"the {layer} layer"
         self.limit = total
-        signal.signal(signal.SIGALRM, self._expired)
+        signal.signal(signal.SIGPROF, self._expired)
         cpu = int(total) + 10  # the backstop: SIGXCPU ends a hang in C code
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))
         self.disarm()
@@ -133,15 +136,15 @@ class Limits:
     def arm(self, unit: str) -> None:
         self.what = unit
         self.limit = min(unit_limit(self.layer, self.took.get(unit)), self._left())
-        signal.setitimer(signal.ITIMER_REAL, self.limit)
+        signal.setitimer(signal.ITIMER_PROF, self.limit)
 
     def disarm(self) -> None:
         self.what = f"the {self.layer} layer"
         self.limit = self._left()
-        signal.setitimer(signal.ITIMER_REAL, self.limit)
+        signal.setitimer(signal.ITIMER_PROF, self.limit)
 
     def _left(self) -> float:
-        return max(self.end - time.monotonic(), 0.01)
+        return max(self.end - time.process_time(), 0.01)
 
 
 # -- the layers --------------------------------------------------------------------------------
@@ -218,41 +221,48 @@ def _run_checker(units: list[str] | None, record: dict[str, Any], limits: Limits
     return False
 
 
+#: z3's limit per obligation in the proofs layer (wall clock: 3 times prove's own, for a
+#: machine shared with other work); an obligation it cannot decide by then is a timeout
+PROOF_TIMEOUT_MS = 60_000
+
+
 def _run_proofs(units: list[str] | None, record: dict[str, Any], limits: Limits | None) -> bool:
-    from leaseproto.proofs.check import LAST_RUN, main
+    """``leaseproto prove``'s units (``proofs/units.py``; None: all), in the order given,
+    until one fails an obligation by behaviour: a unit that fails only because the
+    code under proof raised (a crash) or z3 could not decide an obligation in time (a
+    timeout) does not stop the run, so a later unit can still tell wrong behaviour."""
+    from leaseproto.proofs import symexec
+    from leaseproto.proofs.units import UNITS, run_unit
 
-    if limits is not None:
-        limits.arm("prove")
-    LAST_RUN.update(failed=0, crashed=0)
+    symexec.FAIL_FAST = True  # this child's own copy: a system stops at its first refutation
+    failed = crashed = unknown = 0
     out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        rc = main([])
-    record["rc"] = rc
-    if rc:
-        # prove's own count of obligations that failed only because the code raised on z3
-        # terms (loops, structures); its output when it has none (an exception out of prove)
-        failed, crashed = LAST_RUN["failed"], LAST_RUN["crashed"]
-        record["obligations_failed"] = failed
-        record["obligations_crashed"] = crashed
-        if failed:
-            record["kind"] = "crash" if crashed == failed else "behaviour"
-        else:
-            record["kind"] = proofs_kind(out.getvalue())
-    return rc != 0
+    for name in units if units is not None else list(UNITS):
+        if limits is not None:
+            limits.arm(name)
+        f, c, u = run_unit(name, out, PROOF_TIMEOUT_MS)
+        if limits is not None:
+            limits.disarm()
+        failed, crashed, unknown = failed + f, crashed + c, unknown + u
+        if f:
+            record.setdefault("first", f"{name}: {_first_fail(out.getvalue())}"[:200])
+        if f > c + u:
+            record["first"] = f"{name}: {_first_fail(out.getvalue(), crashed=False)}"[:200]
+            break
+    record["obligations_failed"] = failed
+    record["obligations_crashed"] = crashed
+    record["obligations_unknown"] = unknown
+    if failed:
+        wrong = failed - crashed - unknown
+        record["kind"] = "behaviour" if wrong else "crash" if crashed else "timeout"
+    return failed != 0
 
 
-#: the reason a loop obligation (L14) gives when the loop raised on z3 terms
-_RAISED = re.compile(r"\braised \w+: ")
-
-
-def proofs_kind(output: str) -> str:
-    """How ``leaseproto prove`` killed a mutant, from its output: ``crash`` when every
-    failed obligation failed because the code it runs raised (L14's loops on z3 terms:
-    "the loop raised KeyError: ..."), else ``behaviour`` (a counterexample, unknown)."""
-    blocks = ("\n" + output).split("\nFAIL ")[1:]
-    if blocks and all(_RAISED.search(b.split("\n", 2)[1] if "\n" in b else "") for b in blocks):
-        return "crash"
-    return "behaviour"
+def _first_fail(output: str, *, crashed: bool = True) -> str:
+    """The label of the first failed obligation in ``output`` (with ``crashed=False``:
+    the last one, the behaviour failure that stopped the run)."""
+    fails = [ln.removeprefix("FAIL ") for ln in output.splitlines() if ln.startswith("FAIL ")]
+    return (fails[0] if crashed else fails[-1]) if fails else "?"
 
 
 RUNNERS = {"tests": _run_tests, "checker": _run_checker, "proofs": _run_proofs}
@@ -294,13 +304,13 @@ def baseline_child(layer: str, out: Path) -> None:
         class Unit:
             def pytest_runtest_setup(self, item: Any) -> None:
                 tr.unit = item.nodeid
-                took[item.nodeid] = time.perf_counter()
+                took[item.nodeid] = time.process_time()
                 sys.settrace(tr)  # a test may have replaced it
 
             def pytest_runtest_teardown(self, item: Any) -> None:
                 started = took.get(item.nodeid)  # None: skipped before our setup
                 if started is not None:
-                    took[item.nodeid] = time.perf_counter() - started
+                    took[item.nodeid] = time.process_time() - started
 
         rc = pytest.main(["-q", "-p", "no:cacheprovider", *TEST_FILES], plugins=[Unit()])
         failed = int(rc) != 0
@@ -311,14 +321,18 @@ def baseline_child(layer: str, out: Path) -> None:
         failed = False
         for name, scope in QUICK.items():
             tr.unit = name
-            started = time.perf_counter()
+            started = time.process_time()
             failed = failed or not check(scope).ok
-            took[name] = time.perf_counter() - started
+            took[name] = time.process_time() - started
     else:
-        tr.unit = "prove"
-        started = time.perf_counter()
-        failed = _run_proofs(None, record, None)
-        took["prove"] = time.perf_counter() - started
+        from leaseproto.proofs.units import UNITS
+
+        failed = False
+        for name in UNITS:
+            tr.unit = name
+            started = time.process_time()
+            failed = _run_proofs([name], record, None) or failed
+            took[name] = time.process_time() - started
     sys.settrace(None)
     cov = {u: sorted(f"{m}:{n}" for m, n in s) for u, s in tr.lines.items()}
     out.write_text(json.dumps({"failed": failed, "cov": cov, "took": took}))
@@ -344,6 +358,6 @@ def child(  # noqa: PLR0917  (called positionally by the runner's fork)
     except BaseException as exc:  # the mutant broke the layer itself: killed
         killed, record["first"] = True, f"{type(exc).__name__}: {exc}"[:200]
         record["kind"] = "crash"
-    signal.setitimer(signal.ITIMER_REAL, 0)
+    signal.setitimer(signal.ITIMER_PROF, 0)
     record["killed"] = killed
     out.write_text(json.dumps(record))

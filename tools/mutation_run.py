@@ -125,7 +125,7 @@ def _select(m: Mutant, base: dict[str, Any], layer: str) -> list[str] | None:
         units = sorted(set(took) | (set(cov) - {"<import>"}))
     else:
         units = [u for u, lines in cov.items() if u != "<import>" and want & lines]
-    return sorted(units, key=lambda u: took.get(u, 0.0)) if layer == "tests" else units
+    return units if layer == "checker" else sorted(units, key=lambda u: took.get(u, 0.0))
 
 
 def _fingerprint() -> str:
@@ -146,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
     import pytest  # noqa: F401
     import z3  # noqa: F401
 
-    os.environ["PYTHONHASHSEED"] = "0"
+    os.environ["PYTHONHASHSEED"] = "0"  # for any process a layer starts
     os.environ["HYPOTHESIS_PROFILE"] = "ci"
     tmp = Path(args.tmp)
     tmp.mkdir(parents=True, exist_ok=True)
@@ -159,7 +159,8 @@ def run(args: argparse.Namespace) -> int:
     cache = Path(args.tmp) / f"baseline-{_fingerprint()}.json"
     if not args.full and cache.exists():
         base = json.loads(cache.read_text())
-    base_tasks = iter([(la, baseline_child, (la,)) for la in LAYERS if la not in base])
+    wanted = [la for la in LAYERS if la in (args.layers or LAYERS)]
+    base_tasks = iter([(la, baseline_child, (la,)) for la in wanted if la not in base])
     for layer, res in _jobs_loop(base_tasks, args.jobs, 3600, tmp):
         if res.get("failed") or "cov" not in res:
             print(f"baseline: layer {layer} fails on the unmutated code: {res}", file=sys.stderr)
@@ -168,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"baseline {layer}: {len(res['cov'])} units, {res['seconds']} s", flush=True)
     if not args.full:
         cache.write_text(json.dumps(base))
-        for layer in LAYERS:
+        for layer in base:
             base[layer]["cov"] = {u: set(v) for u, v in base[layer]["cov"].items()}
     ms = [m for m in mutants(args.sample) if m.key not in done]
     if args.rate < 1.0:  # a stable share of every module, modules interleaved
@@ -184,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
     results: dict[str, dict[str, Any]] = {m.key: {} for m in ms}
     by_key = {m.key: m for m in ms}
 
-    layers = [la for la in LAYERS if la in (args.layers or LAYERS)]
+    layers = wanted
 
     ready: collections.deque[tuple[Any, ...]] = collections.deque()
     waiting: set[str] = set()  # the checker's verdict decides whether the proofs run
@@ -232,7 +233,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"{m.where()} {m.what}: {tag}", flush=True)
 
     with out.open("a") as fh:
-        for (key, layer), res in _jobs_loop(tasks(), args.jobs, args.timeout + 30, tmp):
+        # the wall-clock backstop (the layers' own limits are CPU time): a load of 2
+        # other processes a core still leaves a unit its whole CPU limit
+        for (key, layer), res in _jobs_loop(tasks(), args.jobs, 3 * args.timeout + 30, tmp):
             results[key][layer] = {**res, "reached": True}
             if layer == "checker" and key in waiting:
                 waiting.discard(key)
@@ -315,6 +318,15 @@ def report(path: Path, markdown: bool = False) -> None:
             print(f"  {r['where']} {r['what']} [reached by {reached}] {verdict}\n    {k}")
 
 
+def _deterministic() -> None:
+    """Runs again under ``PYTHONHASHSEED=0`` unless already: the forked layers inherit
+    this process's hash seed, and set and dict orders (hence the terms z3 is given, and
+    its time on them) must be the same in the baseline and in every mutant's run."""
+    if os.environ.get("PYTHONHASHSEED") != "0":
+        os.environ["PYTHONHASHSEED"] = "0"
+        os.execv(sys.executable, [sys.executable, *sys.argv])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
@@ -348,6 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.report:
         report(Path(args.report), markdown=args.markdown)
         return 0
+    if argv is None:
+        _deterministic()
     return run(args)
 
 

@@ -24,6 +24,7 @@ Interface (stable; the workers are built on it)::
       .peer_lost(peer) -> bool
       .take_lost_peers() -> list[tuple[str, str]]   # (peer, reason), each reported once
       .poll() -> list[tuple[str, bytes]]            # (sender agent name, message)
+      .wait(timeout, *, until=None) -> bool         # until a notification (or until()) is in
       .read(peer, local: XferDescs, remote: XferDescs, *, notif_msg: bytes) -> Transfer
       .transfer_state(xfer) -> "DONE"|"PROC"|"ERR"
       .release(xfer) -> None
@@ -62,6 +63,25 @@ that name is removed and fetched again from the address (counted
 ``names_refetched``) until ``connect_timeout``, then the peer is
 ``"failed"``. Nothing is sent to a peer before it is ``"connected"``.
 
+Waiting. NIXL offers nothing to block on: no file descriptor, no callback
+(the Python agent exposes neither the UCX worker's event fd nor a way to arm
+it), and its progress thread, the one thing that does block on that fd, is
+started with a zero delay that the Python API does not let us change, so it
+spins. :meth:`~NixlEndpoint.wait` is therefore a poll-and-sleep: it progresses
+UCX, and sleeps between checks for an interval that starts at
+:data:`WAIT_MIN_S` right after traffic (a send or a receive) and grows with the
+quiet (:data:`WAIT_GROWTH` of the time since) up to :data:`WAIT_MAX_S`. Linux lets a
+sleep overrun by the thread's timer slack, 50 µs by default, more than a loopback
+round trip: the first ``wait`` sets the calling thread's slack to
+:data:`TIMER_SLACK_NS` (``prctl(PR_SET_TIMERSLACK)``; a per-thread setting that
+only makes that thread's timed waits end closer to when they were asked to; a
+no-op elsewhere). A sleeping loop is
+what the scheduler wakes first: on a machine whose cores are busy, a process
+that spins on ``poll`` competes with every busy process for its time slice,
+and both sides of a round trip then wait out slices of milliseconds
+(``bench_nixl_floor.py --load N`` measures both). The checks cost CPU only
+around traffic; a quiet endpoint checks once per :data:`WAIT_MAX_S`.
+
 A peer may forget us (P forgets decoders that fell silent, removing their
 metadata) and nothing tells us: our sends still succeed, and it drops them
 as a stranger's. With ``repush_idle`` set, a send or READ to a peer we
@@ -76,8 +96,10 @@ thread, and the progress thread when asked for, are internal to the agent).
 
 from __future__ import annotations
 
+import ctypes
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .nixl_peers import EndpointPeers, PeerRecord
@@ -99,6 +121,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "INSTALL_HINT",
+    "TIMER_SLACK_NS",
+    "WAIT_MAX_S",
+    "WAIT_MIN_S",
     "ConnState",
     "EndpointClosed",
     "EndpointStats",
@@ -106,9 +131,31 @@ __all__ = [
     "Transfer",
     "XferDescs",
     "XferState",
+    "fine_timer_slack",
     "free_port",
     "load_nixl",
 ]
+
+
+#: Shortest sleep between two checks of :meth:`NixlEndpoint.wait`, right after traffic.
+WAIT_MIN_S = 5e-6
+#: Longest sleep between two checks (once quiet for ``WAIT_MAX_S / WAIT_GROWTH``: 16 ms).
+WAIT_MAX_S = 1e-3
+#: The sleep between two checks is this fraction of the time since the last traffic.
+WAIT_GROWTH = 1 / 16
+#: The timer slack :meth:`NixlEndpoint.wait` asks for its thread, nanoseconds.
+TIMER_SLACK_NS = 1000
+_PR_SET_TIMERSLACK = 29
+
+
+def fine_timer_slack() -> bool:
+    """Set the calling thread's timer slack to :data:`TIMER_SLACK_NS` (Linux);
+    False where that cannot be done (and nothing changed)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(_PR_SET_TIMERSLACK, TIMER_SLACK_NS, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
 
 
 class NixlEndpoint(EndpointPeers, EndpointReads):
@@ -166,8 +213,12 @@ class NixlEndpoint(EndpointPeers, EndpointReads):
         if repush_idle is not None and not repush_idle > 0:
             raise ValueError("repush_idle must be > 0 (or None)")
         self.repush_idle = repush_idle
-        #: notifications a send() progressed in, for the next poll()
+        #: notifications a send() or wait() progressed in, for the next poll()
         self._early: list[tuple[str, bytes]] = []
+        #: when we last sent or received a notification (wait()'s check interval)
+        self._traffic_at = -1e9
+        #: the thread whose timer slack wait() set (None: not yet)
+        self._slack_thread: int | None = None
 
     # -- memory ---------------------------------------------------------------
 
@@ -292,6 +343,7 @@ class NixlEndpoint(EndpointPeers, EndpointReads):
             self.stats.send_failed += 1
             return False
         self.stats.sent += 1
+        self._traffic_at = time.monotonic()
         if not self.progress_thread:
             self._early.extend(self._drain())  # moves the message on its way
         return True
@@ -304,8 +356,36 @@ class NixlEndpoint(EndpointPeers, EndpointReads):
         self._progress_all()
         out, self._early = self._early, []
         out += self._drain()
-        self.stats.received += len(out)
+        if out:
+            self.stats.received += len(out)
+            self._traffic_at = time.monotonic()
         return out
+
+    def wait(self, timeout: float, *, until: Callable[[], bool] | None = None) -> bool:
+        """Wait up to ``timeout`` seconds for a notification (kept, in order, for
+        the next :meth:`poll`) or for ``until()`` to return true (the caller's
+        other input, e.g. a socket with a message waiting); True when either came,
+        False at the timeout. Progresses UCX at each check (a READ we initiated
+        moves on too), sleeping in between; see "Waiting" in the module notes."""
+        self._live()
+        if self._slack_thread != threading.get_ident():
+            fine_timer_slack()
+            self._slack_thread = threading.get_ident()
+        start = now = time.monotonic()
+        end = start + timeout
+        while True:
+            if self._early or (until is not None and until()):
+                return True
+            got = self._drain()
+            if got:
+                self._early.extend(got)
+                self._traffic_at = now
+                return True
+            if now >= end:
+                return False
+            quiet = now - self._traffic_at
+            time.sleep(min(max(quiet * WAIT_GROWTH, WAIT_MIN_S), WAIT_MAX_S, end - now))
+            now = time.monotonic()
 
     def _drain(self) -> list[tuple[str, bytes]]:
         """What NIXL received since it was last asked (progressing UCX)."""

@@ -131,9 +131,12 @@ def open_trace(
     tp: int,
     agent: str,
     config: LeaseConfig,
+    more_config: dict[str, Any] | None = None,
     **extra: Any,
 ) -> NoTrace:
-    """A :class:`TraceWriter` for ``path``, or :data:`NO_TRACE` when it is ``None``."""
+    """A :class:`TraceWriter` for ``path``, or :data:`NO_TRACE` when it is ``None``.
+    ``more_config``: settings the header's ``config`` carries beside the lease
+    configuration (the vLLM push connector's ``push_registration_timeout``)."""
     if path is None:
         return NO_TRACE
     header = {
@@ -145,7 +148,7 @@ def open_trace(
         "pid": os.getpid(),
         "host": socket.gethostname(),
         "boot": _boot_id(),
-        "config": config.as_dict(),
+        "config": {**config.as_dict(), **(more_config or {})},
         **extra,
     }
     return TraceWriter(path, header)

@@ -13,10 +13,11 @@ import itertools
 from collections import OrderedDict
 from typing import Any, TypeVar
 
+from ..core.push import PushRegistrations, _Registration
 from ..core.table import LeaseTable
 from ..core.tracker import HeartbeatTracker
 
-__all__ = ["clone_table", "clone_tracker"]
+__all__ = ["clone_registrations", "clone_table", "clone_tracker"]
 
 T = TypeVar("T")
 
@@ -72,4 +73,11 @@ def clone_tracker(t: HeartbeatTracker) -> HeartbeatTracker:
             setattr(new, name, type(value)(value))
         else:
             setattr(new, name, value)
+    return new
+
+
+def clone_registrations(g: PushRegistrations) -> PushRegistrations:
+    new = object.__new__(PushRegistrations)
+    new._regs = {r: _Registration(set(e.owed), e.failed, e.ended) for r, e in g._regs.items()}
+    new._free = list(g._free)
     return new

@@ -22,8 +22,9 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from ..core.errors import LeaseProtocolError
+from .push_world import make_world
 from .scope import Scope
-from .world import Violation, World
+from .world import Violation
 
 __all__ = ["CRASH", "MISUSE", "OK", "VERDICTS", "VIOLATION", "Result", "check"]
 
@@ -86,7 +87,7 @@ def check(scope: Scope) -> Result:
     """Explore every state of ``scope`` (up to ``max_states``)."""
     start = time.perf_counter()
     res = Result(scope)
-    root = World(scope)
+    root = make_world(scope)
     fp0 = root.fingerprint()
     parent: dict[bytes, tuple[bytes, str] | None] = {fp0: None}
     depth = {fp0: 0}

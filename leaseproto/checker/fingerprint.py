@@ -16,10 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..core.clock import ClockOffset
+    from ..core.push import PushRegistrations
     from ..core.table import LeaseTable
     from ..core.tracker import HeartbeatTracker
 
-__all__ = ["world_fingerprint"]
+__all__ = ["registrations_fp", "world_fingerprint"]
 
 #: a :class:`~.world.World` (not imported: the world imports this module)
 World_ = Any
@@ -94,6 +95,13 @@ def clock_fp(c: ClockOffset, w: World_, h: float) -> tuple[Any, ...]:
     return round(err, 9), c.uncertainty, min(w.d_clock(w.now) - t0, top)
 
 
+def registrations_fp(g: PushRegistrations) -> tuple[Any, ...]:
+    """A grantor rank's push registrations (no times in them), and the blocks it
+    has yet to hand back."""
+    regs = tuple((r, tuple(sorted(e.owed)), e.failed, e.ended) for r, e in sorted(g._regs.items()))
+    return regs, tuple(g._free)
+
+
 def world_fingerprint(w: World_) -> bytes:
     now = float(w.now)
     h = _horizon(w)
@@ -131,12 +139,12 @@ def world_fingerprint(w: World_) -> bytes:
     )
     state = (
         tuple(table_fp(w.tables[p], now, h) for p in w.P),
-        tracker_fp(w.tracker, now, h),
+        tracker_fp(w.tracker, w.reader_now(), h),
         tuple(sorted((m.src, m.dst, m.data, _rel(m.sent, now, h)) for m in w.net)),
         tuple(sorted((m.src, m.dst, m.data, _rel(m.sent, now, h)) for m in w.undecided)),
         tuple((k, tuple((m.src, m.data) for m in v)) for k, v in sorted(w.inbox.items()) if v),
         tuple(sorted((k, tuple(sorted(v))) for k, v in w.granted_now.items())),
-        tuple(sorted((e, _rel(t, now, h)) for e, t in w.last_hb.items())),
+        tuple(sorted((e, _rel(t, w.reader_now(), h)) for e, t in w.last_hb.items())),
         tuple(sorted(w.budget.items())),
         w.turn,
         w.d_received,
@@ -145,5 +153,6 @@ def world_fingerprint(w: World_) -> bytes:
         tuple(sorted(w.pending)),
         w.broken,
         ghosts,
+        w.extra_fingerprint(),
     )
     return hashlib.blake2b(repr(state).encode(), digest_size=16).digest()

@@ -76,6 +76,7 @@ def at_p(w: World_, p: str, m: Msg) -> None:
         inst = w.live_inst(p, r)
         tomb = inv.tombstone_owed(w, p, r)
         res, verdict = verdicts.transfer_done(table, msg, now=now)
+        w.on_completion(p, src, r, ok=isinstance(verdict, wire.Ok), live=inst is not None)
         if inst is not None:
             inst.tds += 1
             if inst.tds >= msg.count and r in table:
@@ -95,6 +96,7 @@ def at_p(w: World_, p: str, m: Msg) -> None:
         known = table.ended(r) is not None
         dropped = table.stats.early_dropped
         res = table.abort(r, now=now)
+        w.on_abort(p, src, r)
         if isinstance(res, Release):
             w.released(p, r, res)
         elif inst is None and not known and table.stats.early_dropped == dropped:
@@ -122,12 +124,12 @@ def at_d(w: World_, d: str, m: Msg) -> None:
         if act == verdicts.DISCARD:
             w.untrack(r, "failed")  # discard the read, recompute
         elif act == verdicts.USE and not any(w.due[(r, e)] for e in w.D):
-            inv.check_use(w, r)  # every rank's reads confirmed (followers hand over)
+            w.reader_used(r)  # every rank's reads confirmed (followers hand over)
             w.untrack(r, "done")
     elif isinstance(msg, wire.LeaseLost):
         # advisory: never overrides a verdict; D fails over only before reading
         if verdicts.lease_lost_gives_up(reading=any(k[0] == r for k in w.reads)):
-            w.untrack(r, "failed")
+            w.give_up(r)
     else:
         raise Violation("wire", f"D received {msg!r}, which only D sends")
 

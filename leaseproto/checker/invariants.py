@@ -63,9 +63,16 @@ INVARIANTS = {
     "were held; LL only for leases lost untransferred",
     "I14": "turn 2 (scope turn2): I13 for D's cached lease -- P uses a prefix only after "
     "OK from every D rank, each answered while the lease was live; NK or LL: P recomputes",
-    "I16": "turn 2 (scope turn2): I5, I6, I8 and I11 for D's cached lease -- P's heartbeats "
-    "to D on schedule, the cached lease never expires while P tracks it, and D frees it by "
-    "max(granted_at + decoder_kv_blocks_ttl, h + lease_extension)",
+    "I15": "push (scope push): I13 for D's registration lease -- each completion answered OK "
+    "exactly when the registration was live; D uses pushed KV only once every writer's WRITE "
+    "landed in the held blocks and each completion was answered OK, decides once, returns a "
+    "registration's blocks to its pool only after its lease ended and each writer's completion "
+    "or abort was handled or its agent forgotten, no WRITE lands in reused blocks, and a "
+    "quarantine waits only for a writer that can still act (B9)",
+    "I16": "turn 2 and push (scopes turn2, push): I5, I6, I8 and I11 for D's cached lease or "
+    "registration -- P's heartbeats to D on schedule (in push on P's own drifting clock), the "
+    "lease never expires while P tracks it, and D frees it by max(granted_at + ttl, h + "
+    "lease_extension)",
 }
 
 
@@ -235,13 +242,14 @@ def check_use(w: World_, r: str) -> None:
 
 def check_schedule(w: World_) -> None:
     """I11 against what D really put on the wire (the ghost ``last_hb``), not
-    the tracker's own record, which a bug could set without sending."""
+    the tracker's own record, which a bug could set without sending; on the
+    clock the tracker runs on (:meth:`~.world.World.reader_now`)."""
     interval = w.cfg.heartbeat_interval
     for engine in w.tracker.engines():
         if engine in w.pending:
             continue
         last = w.last_hb.get(engine)
-        if last is None or w.now - last >= interval:
+        if last is None or w.reader_now() - last >= interval:
             raise Violation(
                 "I11", f"D stepped at {w.now} without a heartbeat to {engine} (last {last})"
             )

@@ -93,6 +93,17 @@ class Scope:
     #: The same table, tracker and wire run with the roles swapped; the invariants
     #: report the mirrored ids (I13 as I14; I5, I6, I8, I11 as I16)
     mirror: bool = False
+    #: push mode (spec §2.8, I15; with ``mirror``): the grantor ranks hold push
+    #: registrations (``decoder_kv_blocks_ttl``, the default of
+    #: ``push_registration_timeout``), the reader's ranks WRITE into them and D decides
+    #: the use and the quarantine (:mod:`.push_world`)
+    push: bool = False
+    #: the grantor may end this many registrations itself in all (push: D's request
+    #: went away)
+    cancels: int = 0
+    #: the reader's tracker runs on the reader's own clock (``d_rate`` ticks per tick),
+    #: so drift shows in its heartbeat schedule; False: on the grid
+    reader_clock: bool = False
     #: stop after this many distinct states (reported as a bounded run); each scope of
     #: SCOPES but ``large`` sets it above its own state count, so ``leaseproto check
     #: --scope S`` as typed is exhaustive
@@ -103,6 +114,8 @@ class Scope:
         lo, hi = (1 - self.rho) / (1 + self.rho), (1 + self.rho) / (1 - self.rho)
         if not 0 <= self.rho < 1 or not lo <= self.d_rate <= hi:
             raise ValueError(f"d_rate={self.d_rate} breaks A5 for rho={self.rho}")
+        if self.push and (not self.mirror or self.p_ranks != 1):
+            raise ValueError("push mode is the mirrored world with one D rank")
 
     def with_(self, **kw: object) -> Scope:
         return replace(self, **kw)  # type: ignore[arg-type]
@@ -251,14 +264,50 @@ SCOPES["turn2"] = SCOPES["drift"].with_(
 )
 
 
+def push_config() -> LeaseConfig:
+    """The scope configuration with E = 5 and D's registration lease at
+    ``decoder_kv_blocks_ttl`` = 6 ticks. P's tracker runs at 3/4 of D's rate, so
+    P's heartbeats leave every 2 ticks of D's: T2' (§2.8) holds on the grid with a
+    heartbeat lost (2 + 2 + 1 < 5), and T1' with P tracking within a tick of the
+    registration (1 + 2 + 2 + 1 < 6 at worst)."""
+    return replace(scope_config(), lease_extension=5.0, decoder_kv_blocks_ttl=6.0)
+
+
+# push mode (§2.8, I15, I16): D's one rank registers blocks with P's rank under a lease,
+# P heartbeats it on its own clock (3/4 of D's rate: drift rho = 1/4) and WRITEs into
+# the blocks; D uses the pushed KV and quarantines a lapsed registration's blocks by
+# the real PushRegistrations. P may lose a heartbeat, abort, pause 5 ticks (past the
+# lease: its WRITE lands late) or crash (D forgets it at any later instant); D may
+# cancel the registration itself. No instant crosses a process (durations only), so
+# a clock offset has nothing to act on here; drift acts through P's schedule.
+SCOPES["push"] = Scope(
+    "push",
+    requests=1,
+    p_ranks=1,
+    d_ranks=1,
+    losses=1,
+    dups=0,
+    d_pause=5,
+    mirror=True,
+    push=True,
+    cancels=1,
+    reader_clock=True,
+    rho=0.25,
+    d_rate=0.75,
+    config=push_config(),
+    max_states=400_000,  # 93,202 states (docs/verification.md)
+)
+
+
 def _one_tombstone() -> LeaseConfig:
     return replace(scope_config(), tombstone_capacity=1)
 
 
 #: The quick scopes: what the test suite and the mutation run (tools/mutation_run.py)
-#: explore on every change: ``small``, ``small-crash``, ``small-pause``, ``d2``, ``cap``
-#: and ``gate`` exhaustively, the others bounded at 3,000 states (their full spaces take
-#: minutes; ``turn2``'s 176,925 states about 70 s on a loaded machine).
+#: explore on every change: ``small``, ``small-crash``, ``small-pause``, ``d2``, ``cap``,
+#: ``gate`` and push with one fault at a time (``push-pause`` ... ``push-w2``)
+#: exhaustively, the others bounded at 3,000 states (their full spaces take minutes;
+#: ``turn2``'s 176,925 states 67-250 s, ``push``'s 93,202 79-157 s on a loaded machine).
 QUICK: dict[str, Scope] = {
     "small": SCOPES["small"],
     "small-crash": SCOPES["small"].with_(name="small-crash", d_crash=True),
@@ -275,6 +324,22 @@ QUICK: dict[str, Scope] = {
     "gate": SCOPES["gate"],
     "drift": SCOPES["drift"].with_(max_states=3_000),
     "turn2": SCOPES["turn2"].with_(max_states=3_000),
+    "push": SCOPES["push"].with_(max_states=3_000),
+    # push with one fault at a time, exhaustive (1,200-2,700 states each): P pausing past
+    # the registration (its WRITE lands late), crashing (then forgotten), aborting; D
+    # cancelling the registration itself
+    **{
+        f"push-{fault}": SCOPES["push"].with_(name=f"push-{fault}", losses=0, **off)
+        for fault, off in {
+            "pause": {"d_crash": False, "cancels": 0, "aborts": False},
+            "crash": {"d_pause": 0, "cancels": 0, "aborts": False},
+            "cancel": {"d_pause": 0, "d_crash": False, "aborts": False},
+            "abort": {"d_pause": 0, "d_crash": False, "cancels": 0},
+        }.items()
+    },
     "ranks-n": SCOPES["ranks-n"].with_(max_states=3_000),
     "compaction": SCOPES["compaction"].with_(max_states=3_000),
 }
+# two writer ranks (P with TP 2) and the pause, exhaustive (10,657 states): D uses the
+# pushed KV only after both WRITEs, and each rank that will not write aborts
+QUICK["push-w2"] = QUICK["push-pause"].with_(name="push-w2", d_ranks=2)

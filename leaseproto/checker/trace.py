@@ -10,7 +10,8 @@ one run and checks:
   I13's verdict rule);
 * the network (§3.1: the transport may reorder, delay and lose, never invent):
   every notification a traced agent received from a traced agent was sent by
-  it (a ``send``, or the transfer-done of a ``read``), at most once per send
+  it (a ``send``, the transfer-done of a ``read``, or the completion of a push
+  ``write``), at most once per send
   and, on one host (the same boot id, so one monotonic clock), not before it
   was sent. Senders without a trace (a test's injector) are counted, not
   checked;
@@ -24,6 +25,9 @@ one run and checks:
   which catches a decoder that uses reads unverified (a P that gives no
   verdicts, ``--policy fixed``) where it matters.
 
+Push registrations in a grantor D's trace (pushed-KV uses, quarantines, I15)
+are checked by :mod:`.trace_push`.
+
 Every violation names the file and line of the first event no legal
 transition explains and the invariant's id.
 """
@@ -32,7 +36,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections import defaultdict, deque
+from collections import Counter, defaultdict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +46,7 @@ from ..core import wire
 from ..core.errors import LeaseProtocolError
 from ..core.rules import GRANTED
 from ..core.state import LeaseState
+from .trace_push import check_push_events, push_use
 from .trace_rules import Event, PrefillReplay, Violation
 from .trace_timing import DEFAULT_SLACK, Timing, check_timing
 
@@ -89,6 +94,7 @@ class Report:
     uses: int = 0
     recomputes: int = 0
     prefix_uses: int = 0
+    push_uses: int = 0
     cut: int = 0
     seconds: float = 0.0
     violations: list[Violation] = field(default_factory=list)
@@ -112,7 +118,8 @@ class Report:
             f"({self.cut} cut short), {self.leases} leases granted, {self.releases} released, "
             f"{self.matched} notifications matched to their sends ({self.external} from "
             f"untraced agents), {self.uses} reads used ({self.prefix_uses} turn-2 prefixes, "
-            f"I14), {self.recomputes} prefixes recomputed; {self.seconds:.3f} s\n"
+            f"I14; {self.push_uses} pushed KV, I15), {self.recomputes} prefixes recomputed; "
+            f"{self.seconds:.3f} s\n"
             f"{self.timing.summary()}"
         )
 
@@ -129,10 +136,12 @@ class Report:
             "external": self.external,
             "uses": self.uses,
             "prefix_uses": self.prefix_uses,
+            "push_uses": self.push_uses,
             "recomputes": self.recomputes,
             "timing": self.timing.as_dict(),
             "seconds": self.seconds,
             "violations": len(self.violations),
+            "by_invariant": dict(Counter(v.invariant for v in self.violations)),
             "first": None if first is None else str(first),
             "invariant": None if first is None else first.invariant,
         }
@@ -183,8 +192,9 @@ def _sends(
     out: dict[tuple[str, str, bytes], deque[Event]] = defaultdict(deque)
     for tf in traces:
         for e in tf.events:
-            # a send the endpoint reported failed may still have left (a NIXL error after it)
-            if e.ev in ("read", "send"):
+            # a send the endpoint reported failed may still have left (a NIXL error after it);
+            # a READ's or a push WRITE's completion is delivered by NIXL after it
+            if e.ev in ("read", "write", "send"):
                 if "to" not in e.obj:
                     report.violations.append(Violation("format", e, f"a {e.ev} event without to"))
                     continue
@@ -260,40 +270,6 @@ USE_KINDS = {"decode": "I13", "prefix": "I14", "push": "I15"}
 RECOMPUTE_REASONS = frozenset({"nack", "timeout", "lost", "gate"})
 
 
-def _completes(h: Event, remote: str) -> bool:
-    """Whether ``h`` is the grantor handling a transfer-done (a write completion) for ``remote``."""
-    if h.ev != "handle":
-        return False
-    try:
-        msg = wire.decode(h.data())
-    except wire.MalformedMessage:
-        return False
-    return isinstance(msg, wire.TransferDone) and msg.req_id == remote
-
-
-def _push_use(
-    tf: TraceFile, e: Event, remote: str, replays: dict[str, PrefillReplay]
-) -> str | None:
-    """I15 on the grantor D: what is wrong with using pushed KV for ``remote``
-    (its own registration lease), or None. D's own table must have handled a
-    write completion for it while the registration was live."""
-    replay = replays.get(tf.agent)
-    writers = {
-        str(h.obj.get("src")) for h in tf.events if h.line < e.line and _completes(h, remote)
-    }
-    got = [] if replay is None else [replay.read_state.get((w, remote)) for w in sorted(writers)]
-    states = [st for st in got if st is not None]
-    if not states:
-        return f"used pushed KV of {remote} before handling a write completion for it"
-    if any(st != GRANTED for st in states):
-        bad = next(st for st in states if st != GRANTED)
-        return (
-            f"used pushed KV of {remote}, whose registration lease had ended when its "
-            f"write completion was handled ({LeaseState(bad).name})"
-        )
-    return None
-
-
 def _decode(
     tf: TraceFile,
     by_agent: dict[str, TraceFile],
@@ -344,7 +320,8 @@ def _decode(
                 continue
             report.prefix_uses += inv == "I14"
             if inv == "I15":
-                if (bad := _push_use(tf, e, remote, replays)) is not None:
+                report.push_uses += 1
+                if (bad := push_use(tf.events, e, remote, replays.get(tf.agent))) is not None:
                     report.violations.append(Violation(inv, e, bad))
                 continue
             got = e.obj.get("ok_from", [])
@@ -376,8 +353,8 @@ def _decode(
                     Violation(
                         inv,
                         e,
-                        f"used the read of {remote}, whose lease had ended when P handled its "
-                        f"transfer-done: {ended}",
+                        f"used the read of {remote}, whose lease had ended when "
+                        f"{'D' if inv == 'I14' else 'P'} handled its transfer-done: {ended}",
                     )
                 )
             else:
@@ -424,6 +401,7 @@ def check_traces(
             for e in tf.events:
                 replay.feed(e)  # a malformed event is a violation naming its line
             replay.finish()
+            report.violations += check_push_events(tf.events)
             report.leases += replay.grants
             report.releases += replay.releases
             report.violations += replay.violations

@@ -32,7 +32,14 @@ violation naming its line, not an error.
 
 A ``handle`` event's ``refused`` ids are acts the worker ignored because
 the lease is bound to other agents (§10.2, leases bound to their reader):
-the table is handed the notification without them.
+the table is handed the notification without them. Its ``ids`` (a heartbeat)
+are the lease ids its ids named where that is not the ids themselves (push
+mode: P maps D's id or the router's to its lease by base id, §11.2), and its
+``readers`` (a transfer-done) the count the table is handed where it is not the
+message's ``n`` (push mode: vLLM's WRITE completion carries P's TP size, D
+counts the P ranks that write to it, §2.8). A ``written`` event (``req``,
+``now``) is P's own WRITE of a lease's blocks completing (push mode): the
+lease ends TRANSFERRED as by its one reader's transfer-done.
 
 A trace cut short (no ``end``: the worker was killed) may lack the outputs of
 its last input; nothing else is excused.
@@ -57,6 +64,8 @@ EPS = 1e-6
 
 #: D's hello in the vLLM connector (its agent metadata follows): D reads verdicts
 HELLO = (wire.CAPABILITY + ",hello,").encode()
+#: vLLM's push registration (a msgpack dict follows), D -> P
+PUSH_REG = b"PUSH_REG:"
 
 _STATE_OF = {
     ReleaseReason.TRANSFERRED: LeaseState.TRANSFERRED,
@@ -168,7 +177,7 @@ class PrefillReplay:
             key = (str(o["src"]), e.data())
             self.received[key] += 1
             self.unhandled[key].append(e)
-        elif kind in ("grant", "abort_req", "handle", "expire"):
+        elif kind in ("grant", "abort_req", "handle", "expire", "written"):
             self._close()
             self._cause = e
             self._msg = None
@@ -260,6 +269,11 @@ class PrefillReplay:
         self._fail("format", e, f"a grant of kind {kind!r} (not prefill, turn or push)")
         return None
 
+    def _in_written(self, e: Event, o: dict[str, Any]) -> None:
+        rel = self.table.transfer_done(str(o["req"]), now=float(o["now"]), readers=1)
+        if isinstance(rel, Release):
+            self._expected.append(("release", rel))
+
     def _in_abort_req(self, e: Event, o: dict[str, Any]) -> None:
         rel = self.table.abort(str(o["req"]), now=float(o["now"]))
         if rel is not None:
@@ -298,6 +312,10 @@ class PrefillReplay:
         except wire.MalformedMessage:
             return
         refused = frozenset(str(i) for i in o.get("refused", ()))
+        if isinstance(msg, wire.Heartbeat) and "ids" in o:
+            msg = self._msg = wire.Heartbeat(tuple(str(i) for i in o["ids"]))
+        elif isinstance(msg, wire.TransferDone) and "readers" in o:
+            msg = self._msg = wire.TransferDone(msg.req_id, int(o["readers"]))
         if isinstance(msg, wire.Heartbeat):
             if refused:
                 msg = wire.Heartbeat(tuple(i for i in msg.ids if i not in refused))
@@ -359,7 +377,7 @@ class PrefillReplay:
             return Input.RECV_ABORT
         if cause.ev == "grant":
             return Input.GRANT
-        if isinstance(msg, wire.TransferDone):
+        if cause.ev == "written" or isinstance(msg, wire.TransferDone):
             return Input.RECV_TRANSFER_DONE
         if isinstance(msg, wire.Heartbeat):
             return Input.RECV_HEARTBEAT
@@ -370,7 +388,7 @@ class PrefillReplay:
         cause, msg = self._cause, self._msg
         if cause is None:
             return False
-        if cause.ev in ("grant", "abort_req"):
+        if cause.ev in ("grant", "abort_req", "written"):
             return str(cause.obj.get("req")) == req
         if isinstance(msg, wire.Heartbeat):
             return req in msg.ids
@@ -450,9 +468,10 @@ class PrefillReplay:
 
 
 def _reader_sends(data: bytes) -> bool:
-    """What a reader sends (a hello, heartbeat, transfer-done or abort): never an
+    """What a reader sends (a hello, heartbeat, transfer-done or abort), or a push
+    registration (vLLM's ``PUSH_REG:``, which announces D's grant): never an
     output of a grant table, so a process that also reads sends them (spec §2.8)."""
-    if data.startswith(HELLO):
+    if data.startswith(HELLO) or data.startswith(PUSH_REG):
         return True
     try:
         msg = wire.decode(data)

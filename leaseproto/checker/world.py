@@ -27,6 +27,7 @@ from .clone import clone_table, clone_tracker
 from .compaction import EagerQueue
 from .fingerprint import world_fingerprint
 from .ghosts import Action, Instance, Msg, Violation
+from .moves import Moves
 from .scope import Scope
 
 __all__ = ["MIRRORED", "Action", "Instance", "Msg", "Violation", "World"]
@@ -36,8 +37,12 @@ __all__ = ["MIRRORED", "Action", "Instance", "Msg", "Violation", "World"]
 MIRRORED = {"I13": "I14", "I5": "I16", "I6": "I16", "I8": "I16", "I11": "I16"}
 
 
-class World:
+class World(Moves):
     """The mutable world; :meth:`copy` before :meth:`apply` to branch."""
+
+    #: violations reported by the mirrored ids in scopes with ``mirror``, and the case
+    mirrored = MIRRORED
+    case = "turn 2"
 
     def __init__(self, scope: Scope) -> None:
         self.scope = scope
@@ -63,8 +68,8 @@ class World:
         self.turn = 0
         self.d_received = False
         self.granted_now: dict[str, set[str]] = {}
-        #: ghost: when D last put a heartbeat to each engine on the wire
-        self.last_hb: dict[str, int] = {}
+        #: ghost: when D last put a heartbeat to each engine on the wire (its tracker's now)
+        self.last_hb: dict[str, float] = {}
         self.budget = {
             "loss": scope.losses,
             "dup": scope.dups,
@@ -110,6 +115,31 @@ class World:
         """D's clock at grid instant ``t`` (P's clock is ``t + skew``)."""
         return self.scope.d_rate * t
 
+    def reader_now(self) -> float:
+        """The ``now`` the reader's tracker runs on: the grid, or the reader's own
+        drifting clock in scopes with ``reader_clock``."""
+        return self.d_clock(self.now) if self.scope.reader_clock else float(self.now)
+
+    # -- hooks of the push world (:mod:`.push_world`); here they do nothing -----------------
+    def on_completion(self, p: str, src: str, r: str, *, ok: bool, live: bool) -> None:
+        """Grantor ``p`` handled ``src``'s transfer-done for ``r`` and answered ``ok``
+        (``live``: the ghost's lease was live), before any release it caused."""
+
+    def on_abort(self, p: str, src: str, r: str) -> None:
+        """Grantor ``p`` handled ``src``'s abort of ``r``."""
+
+    def reader_used(self, r: str) -> None:
+        """Every verdict the reader waited for on ``r`` is OK: it uses its reads (I13)."""
+        inv.check_use(self, r)
+
+    def give_up(self, r: str) -> None:
+        """An ``LL`` made the reader give up on ``r`` before any read."""
+        self.untrack(r, "failed")
+
+    def extra_fingerprint(self) -> tuple[object, ...]:
+        """Further state a subclass keeps (part of :meth:`fingerprint`)."""
+        return ()
+
     # -- branching ------------------------------------------------------------------------
     def copy(self) -> World:
         new = copy.copy(self)
@@ -139,122 +169,6 @@ class World:
         insts = self.inst.get((p, r))
         return insts[-1] if insts and insts[-1].live else None
 
-    def paused(self) -> bool:
-        return self.now < self.paused_until
-
-    def d_acts(self) -> bool:
-        return self.d_alive and not self.paused()
-
-    # -- what can happen ------------------------------------------------------------------
-    # Each instant runs in turns, as the workers' loops do: the network decides
-    # every message in flight (arrives now, stays in flight, is lost or
-    # duplicated), then each P rank takes its turn (grants, then its loop step:
-    # every arrived notification in arrival order, then expire), then D (its
-    # arrived verdicts, then routes, reads, aborts and faults, then its
-    # heartbeat step), then time ticks. A message takes at least one tick, so
-    # turns of different sides commute and fixing their order loses nothing.
-    def actions(self) -> list[Action]:
-        if self.undecided:
-            return self._net_actions()
-        if self.turn < len(self.P):
-            return self._p_actions(self.P[self.turn])
-        return self._d_actions()
-
-    def _net_actions(self) -> list[Action]:
-        out: list[Action] = []
-        seen: set[Msg] = set()
-        for i, m in enumerate(self.undecided):
-            if m in seen:
-                continue
-            seen.add(m)
-            out.append(("arrive", i))
-            if self.now - m.sent < self.scope.delay:
-                out.append(("hold", i))
-            if self.budget["loss"] > 0 and m.data.startswith(wire.HEARTBEAT_PREFIX):
-                out.append(("lose", i))
-            if self.budget["dup"] > 0:
-                out.append(("dup", i))
-        return out
-
-    def _p_actions(self, p: str) -> list[Action]:
-        out: list[Action] = []
-        if p not in self.granted_now:
-            table = self.tables[p]
-            for r in self.R:
-                insts = self.inst.get((p, r), [])
-                if r not in self.granted_now.get(p, ()) and (
-                    not insts
-                    or (
-                        not insts[-1].live
-                        and self.budget["regrant"] > 0
-                        and r not in table
-                        and self._unique_again(p, r)
-                    )
-                ):
-                    out.append(("regrant" if insts else "grant", p, r))
-        if self.budget["restart"] > 0:
-            out.append(("p_restart", p))
-        out.append(("p_step", p))
-        return out
-
-    def _unique_again(self, p: str, r: str) -> bool:
-        """A7 (spec §3.3): ``r`` may name a new grant on ``p`` only once nothing of
-        its last lease there can still act: D holds nothing of it (routed or
-        tracked: D would read the new blocks with the old lease's parameters, or
-        send a transfer-done that vouches for a read of the old ones), ``p`` has
-        staged nothing naming it (the grant would apply it), and no notification
-        naming it is in flight to ``p`` or waiting in its inbox."""
-        if not self.scope.unique_ids:
-            return True
-        if self.phase[r] in ("new", "tracked") or r in self.tables[p]._staged:
-            return False
-        mine = [m for m in (*self.net, *self.undecided) if m.dst == p]
-        return not any(r in glue.names(m) for m in (*mine, *self.inbox.get(p, ())))
-
-    def _d_actions(self) -> list[Action]:
-        if not self.d_acts():
-            return [("tick",)]
-        if not self.d_received:
-            return [("d_recv",)]
-        out: list[Action] = []
-        late = False
-        for r in self.R:
-            ph = self.phase[r]
-            if ph == "new" and r in self.first_grant:
-                out.append(("route", r))
-                late = late or self.now - self.first_grant[r] >= 1
-            if ph == "tracked":
-                out += [
-                    ("read", r, d, p)
-                    for d in self.D
-                    for p in self.P
-                    if (r, d, p) not in self.reads
-                    and (not self.scope.gate or glue.gate_admits(self, r, p))
-                ]
-                if self.scope.aborts:
-                    out.append(("abort", r))
-        for p in self.P:
-            if self.scope.gate and p not in self.hello:
-                out.append(("hello", p))
-            if p in self.pending:
-                out.append(("reconnect", p))
-            elif self.budget["reconnect"] > 0:
-                out.append(("disconnect", p))
-        if self.scope.d_crash:
-            out.append(("d_crash",))
-        if self.budget["pause"] > 0:
-            out.append(("d_pause",))
-        if not late:  # the router hands a granted request to D within a tick (R = 1)
-            out.append(("d_step",))
-        return out
-
-    def label(self, act: Action) -> str:
-        name, *args = act
-        if name in ("arrive", "hold", "lose", "dup"):
-            m = self.undecided[args[0]]
-            return f"t={self.now} {name} {m.src}->{m.dst} {m.data.decode(errors='replace')!r}"
-        return f"t={self.now} {name} {' '.join(map(str, args))}".rstrip()
-
     # -- applying -------------------------------------------------------------------------
     def apply(self, act: Action) -> None:
         """Take ``act``; raises :class:`Violation` when an invariant fails."""
@@ -263,8 +177,9 @@ class World:
             getattr(self, "_do_" + name)(*args)
             inv.check_state(self, act)
         except Violation as v:
-            if self.scope.mirror and v.inv in MIRRORED:
-                raise Violation(MIRRORED[v.inv], f"turn 2 ({v.inv} mirrored): {v.text}") from v
+            if self.scope.mirror and v.inv in self.mirrored:
+                new = self.mirrored[v.inv]
+                raise Violation(new, f"{self.case} ({v.inv} mirrored): {v.text}") from v
             raise
 
     def _do_arrive(self, i: int) -> None:
@@ -386,13 +301,13 @@ class World:
         for d in self.D:
             self.due[(r, d)] = set(self.P)
         for p in self.P:
-            self.tracker.track(f"{r}@{p}", engine_id=p, remote_req_id=r, now=float(self.now))
+            self.tracker.track(f"{r}@{p}", engine_id=p, remote_req_id=r, now=self.reader_now())
 
     def _do_d_step(self) -> None:
         """D's heartbeat step: ``due``, each engine's heartbeat onto the wire."""
-        due = self.tracker.due(now=float(self.now), pending=self.pending)
+        due = self.tracker.due(now=self.reader_now(), pending=self.pending)
         for engine, ids in due.items():
-            self.last_hb[engine] = self.now
+            self.last_hb[engine] = self.reader_now()
             for payload in wire.encode_heartbeat(ids, max_bytes=self.cfg.max_notification_bytes):
                 self.send(self.D[0], engine, payload)
         for engine in [e for e in self.last_hb if e not in self.tracker.engines()]:

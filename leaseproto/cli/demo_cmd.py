@@ -1,7 +1,7 @@
 """``leaseproto demo``: the main job. Real prefill, decode and router processes
-on loopback, a surge, a decode crash, and the same surge under a fixed
-timeout, with the figures measured on this machine (see
-:mod:`leaseproto.workers.demo`)."""
+on loopback, a surge, a decode crash, the same surge under a fixed timeout,
+and two-turn conversations read verified and gate-only, with the figures
+measured on this machine (see :mod:`leaseproto.demo.run`)."""
 
 from __future__ import annotations
 
@@ -19,12 +19,15 @@ __all__ = ["register"]
 def register(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "demo",
-        help="run P, D and a router on loopback: surge, D crash, fixed-timeout surge",
+        help="run P, D and a router on loopback: surge, D crash, fixed-timeout surge, "
+        "multi-turn conversations",
         description="Start a router, a prefill worker and a decode worker on this machine "
         "(KV blocks in torch, moved by NIXL READs) on a compressed timescale and "
-        "run three phases: a surge under the lease protocol, a SIGKILL of the "
-        "decode worker, and the same surge under a fixed timeout. Prints a table "
-        "of what it measured; takes about a minute.",
+        "run five phases: a surge under the lease protocol, a SIGKILL of the "
+        "decode worker, the same surge under a fixed timeout, and two-turn "
+        "conversations whose turn-2 prefix P reads from D, verified (ours) and "
+        "gate-only (vLLM 0.32's bidirectional mode) on the same schedule. Prints "
+        "two tables of what it measured; takes about a minute and a half.",
     )
     p.add_argument(
         "--device",
@@ -78,6 +81,12 @@ def register(sub: Any) -> None:
         "--cluster-key-file; the fixed-timeout phase runs without)",
     )
     p.add_argument(
+        "--conversations",
+        type=non_negative_int,
+        default=3,
+        help="two-turn conversations of the multi-turn phases (default 3; 0 skips them)",
+    )
+    p.add_argument(
         "--log-dir",
         default=None,
         metavar="DIR",
@@ -91,7 +100,7 @@ def _problem(args: argparse.Namespace, prompt_len: int) -> str | None:
     settings (the rules of :class:`~leaseproto.LeaseConfig`), the device on this
     machine, a request longer than the model."""
     from ..core.config import LeaseConfig  # noqa: PLC0415
-    from ..workers.model import ModelConfig  # noqa: PLC0415
+    from ..toymodel.tiny_decoder import ModelConfig  # noqa: PLC0415
 
     try:
         LeaseConfig(args.kv_lease_duration)
@@ -108,8 +117,8 @@ def _problem(args: argparse.Namespace, prompt_len: int) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        from ..workers.cluster import TraceViolation  # noqa: PLC0415
-        from ..workers.demo import DemoSettings, run_demo  # noqa: PLC0415
+        from ..demo.run import DemoSettings, run_demo  # noqa: PLC0415
+        from ..harness.cluster import TraceViolation  # noqa: PLC0415
     except ImportError as exc:
         return fail(
             "demo",
@@ -140,9 +149,10 @@ def run(args: argparse.Namespace) -> int:
         d_step_time=args.step_time,
         log_dir=args.log_dir,
         cluster_key_file=args.cluster_key_file,
+        conversations=args.conversations,
     )
     try:
-        results = run_demo(settings, json_path=args.json)
+        results, turns = run_demo(settings, json_path=args.json)
     except (RuntimeError, TimeoutError) as exc:
         print(f"leaseproto demo failed: {exc}", file=sys.stderr)
         return 1
@@ -158,5 +168,11 @@ def run(args: argparse.Namespace) -> int:
         and results[1].reclaim_s is not None
         and results[1].reclaim_bound_s is not None
         and results[1].blocks_leaked == 0
+        # ours: every conversation right, no cached turn lost while its turn 2 waited
+        and all(
+            t.identical == t.conversations and t.expired_waiting == 0
+            for t in turns
+            if t.reads == "verified"
+        )
     )
     return 0 if ok else 1

@@ -4,7 +4,7 @@ The client side of ``leaseproto serve router`` without writing Python: each
 request is a prompt of token ids (``--prompt 1,2,3``, repeatable) or a line of
 a JSON-lines file (``--file``: ``{"prompt": [1, 2, 3], "max_tokens": 8, "id":
 "a"}``, ``id`` and ``max_tokens`` optional). Every request is sent at once
-(:class:`~leaseproto.workers.client.RouterClient`); each answer is printed as
+(:class:`~leaseproto.harness.client.RouterClient`); each answer is printed as
 it arrives, as text or, with ``--json``, as one JSON object a line.
 
 Conversations (``--conversation ID`` for every ``--prompt``, or a line's
@@ -239,7 +239,7 @@ def run(args: argparse.Namespace) -> int:
         reqs = _requests(args)
     except ValueError as exc:
         return fail("generate", str(exc))
-    from ..workers.client import RouterClient  # noqa: PLC0415 - pyzmq, on use
+    from ..harness.client import RouterClient  # noqa: PLC0415 - pyzmq, on use
     from ..workers.keys import curve, load_cluster_key  # noqa: PLC0415
 
     try:

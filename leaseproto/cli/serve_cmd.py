@@ -174,6 +174,33 @@ def register(sub: Any) -> None:
         help="fault injection (tests, demo): stall the whole loop this long right after "
         "posting a prefix READ of D, i.e. after the read gate admitted it",
     )
+    pre.add_argument(
+        "--stall-after-prefix-gate",
+        dest="prefix_gate_stall",
+        type=non_negative_float,
+        default=0.0,
+        metavar="SECONDS",
+        help="fault injection (tests, demo): once the read gate admits a prefix READ of D, "
+        "stop working on that request this long (no heartbeat for it, READ not posted, the "
+        "queue waits behind it) while the loop goes on serving NIXL",
+    )
+    pre.add_argument(
+        "--stall-prefix-reads",
+        dest="prefix_stalls",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="the stalls above hit only the first N prefix reads admitted (default: every one)",
+    )
+    pre.add_argument(
+        "--turn-reads",
+        choices=("verified", "gate-only"),
+        default="verified",
+        help="verified: heartbeat D's cached turn while the turn-2 request waits and use "
+        "the prefix only after D's OK (I14, I16); gate-only: what vLLM 0.32 does in "
+        "bidirectional mode (no heartbeats, only the time gate before the READ, the "
+        "prefix used as read), for comparison",
+    )
     dec = roles.add_parser("decode", help="a decode rank: queue, heartbeat, read KV, decode")
     _common(dec)
     dec.add_argument(
@@ -293,6 +320,9 @@ def _worker(args: argparse.Namespace) -> Any:
                 metrics_port,
                 engine_id=args.engine_id,
                 prefix_stall=args.prefix_stall,
+                turn_reads=args.turn_reads,
+                prefix_gate_stall=args.prefix_gate_stall,
+                prefix_stalls=args.prefix_stalls,
             )
         )
     from ..workers.decode_state import DecodeOptions  # noqa: PLC0415

@@ -13,6 +13,8 @@ outside it, nor any module that reads a clock or touches the outside world
   one lease's record and the table's counters.
 - :mod:`.tracker`: :class:`HeartbeatTracker`, decode's heartbeat schedule.
 - :mod:`.clock`: :class:`ClockOffset`, the bidirectional read gate.
+- :mod:`.push`: :class:`PushRegistrations`, D's use and quarantine decisions for
+  push registrations (I15).
 - :mod:`.wire`: the notification formats (vLLM's and ours) and the verdict rule's
   message (:func:`~leaseproto.core.wire.verdict`, I13).
 - :mod:`.mac`, :mod:`.mac_peers`: the cluster key's sealed frames (HMAC-SHA256,
@@ -28,6 +30,7 @@ from .clock import ClockOffset
 from .config import LeaseConfig
 from .errors import LeaseProtocolError, LocalProtocolError, RemoteProtocolError
 from .events import LateTransfer, Release, ReleaseReason, Releases, TransferCounted
+from .push import PushRegistrations
 from .state import TRANSITIONS, Guard, Input, LeaseState, Transition
 from .table import LeaseTable, TableStats
 from .tracker import HeartbeatTracker, TrackerStats
@@ -46,6 +49,7 @@ __all__ = [
     "LeaseTable",
     "LocalProtocolError",
     "MalformedMessage",
+    "PushRegistrations",
     "Release",
     "ReleaseReason",
     "Releases",

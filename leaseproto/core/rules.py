@@ -59,6 +59,10 @@ ABORTED = int(LeaseState.ABORTED)
 NO_ROW = -1
 
 
+def _src(row: tuple[LeaseState, Transition]) -> int:
+    return int(row[0])
+
+
 def next_state(state: int, inp: Input, guard: bool) -> int:
     """The state after ``inp`` per :data:`TRANSITIONS`, given the guard's value.
 
@@ -75,7 +79,10 @@ def next_state(state: int, inp: Input, guard: bool) -> int:
         if t.guard is Guard.ALWAYS:
             return int(t.target)
         return ite(guard, int(t.target), state)
-    rows = [(src, t) for (src, i), t in TRANSITIONS.items() if i is inp]
+    # rows in the states' order, not the dict's: the same table gives the same
+    # term, so z3's work does not change when a row is deleted and put back (which
+    # moves it last) and an obligation cannot drift past its timeout
+    rows = sorted(((src, t) for (src, i), t in TRANSITIONS.items() if i is inp), key=_src)
 
     def target(src: LeaseState, t: Transition) -> int:
         return int(t.target) if t.guard is Guard.ALWAYS else ite(guard, int(t.target), int(src))

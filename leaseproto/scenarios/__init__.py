@@ -1,7 +1,7 @@
 """Tools for protocol designers (spec §6 and §12), one floor above the core.
 
 - :mod:`.format`: the scenario file format (JSON lines) and its parser.
-- :mod:`.world`: the state a replay runs on; :mod:`.replay` drives the real
+- :mod:`.replay_state`: the state a replay runs on; :mod:`.replay` drives the real
   core through a scenario; :mod:`.expect` checks its ``expect`` lines.
 - :mod:`.diagram`: the state diagrams embedded in ``spec/``, drawn from
   :data:`~leaseproto.TRANSITIONS`.

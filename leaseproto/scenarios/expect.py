@@ -7,7 +7,7 @@ from dataclasses import asdict
 from typing import Any
 
 from .format import Op, ScenarioError
-from .world import TOL, Rank, World
+from .replay_state import TOL, Rank, World
 
 __all__ = ["check"]
 
@@ -63,15 +63,19 @@ def check(rp: World, op: Op) -> list[str]:
         for r in ranks:
             for k, v in {**asdict(r.table.stats), "malformed": r.malformed}.items():
                 totals[k] = totals.get(k, 0) + v
-        bad.extend(_stats("p_stats", totals, a["p_stats"], op.line))
+        bad.extend(_stats(rp.written("p_stats"), totals, a["p_stats"], op.line))
     if "tracked" in a and rp.tracked() != sorted(a["tracked"]):
-        bad.append(f"D tracks {rp.tracked()}, expected {sorted(a['tracked'])}")
+        bad.append(f"{rp.R} tracks {rp.tracked()}, expected {sorted(a['tracked'])}")
     if "d_stats" in a:
         have = {} if rp.tracker is None else asdict(rp.tracker.stats)
         if rp.tracker is None:
-            bad.append("d_stats: D is down")
+            bad.append(f"{rp.written('d_stats')}: {rp.R} is down")
         else:
-            bad.extend(_stats("d_stats", have, a["d_stats"], op.line))
+            bad.extend(_stats(rp.written("d_stats"), have, a["d_stats"], op.line))
+    for rid, want in a.get("uses", {}).items():
+        found = rp.uses.get(rid, [])
+        if found != want:
+            bad.append(f"uses of {rid} found {found}, expected {want}")
     return bad
 
 

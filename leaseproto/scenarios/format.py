@@ -6,6 +6,12 @@ is one timed operation ``{"t": <seconds>, "op": <name>, ...}`` with ``t`` never
 decreasing from one line to the next. Everything is checked here, before
 anything runs, and every problem is a :class:`ScenarioError` naming its line.
 
+A header with ``"grantor": "D"`` mirrors the world (spec §2.8: D's cached turn,
+read by P): the engines are D's and the reader is P, and the ``p``/``d`` of an
+op or ``expect`` key follows the side it names (``d_step`` is the grantor's
+step, ``p_step`` the reader's). Ops are stored under the names of the P-grants
+world, so the engine runs one world either way.
+
 Pure: takes text, returns values. The engine is :mod:`leaseproto.scenarios.replay`.
 """
 
@@ -18,7 +24,17 @@ from typing import Any
 
 from ..core.config import LeaseConfig
 
-__all__ = ["OPS", "Engine", "Header", "Op", "Scenario", "ScenarioError", "parse_scenario"]
+__all__ = [
+    "MIRRORED",
+    "OPS",
+    "USE_OUTCOMES",
+    "Engine",
+    "Header",
+    "Op",
+    "Scenario",
+    "ScenarioError",
+    "parse_scenario",
+]
 
 
 class ScenarioError(ValueError):
@@ -49,6 +65,8 @@ class Header:
     #: side -> (rate, offset): that side's clock reads offset + rate * t
     clocks: tuple[tuple[str, float, float], ...] = (("P", 1.0, 0.0), ("D", 1.0, 0.0))
     name: str = ""
+    #: the side whose engines hold the leases: ``P`` (pull) or ``D`` (a turn-2 read)
+    grantor: str = "P"
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +106,16 @@ OPS: dict[str, dict[str, str]] = {
     "d_crash": {},
     "d_restart": {},
     "note": {"text": "str!"},
+    # the reader's read of a grantor's blocks (spec §2.8, §8.7): the gate, then the use
+    "gate": {
+        "id": "str!",
+        "margin": "num",
+        "rho": "num",
+        "sampled_at": "num",
+        "rtt": "num",
+        "engine": "str",
+    },
+    "use": {"id": "str!", "verify": "bool!", "engine": "str"},
     "expect": {
         "where": "str",
         "live": "ids",
@@ -97,9 +125,21 @@ OPS: dict[str, dict[str, str]] = {
         "tracked": "ids",
         "p_stats": "map",
         "d_stats": "map",
+        "uses": "map",
     },
 }
-_HEADER_KEYS = {"scenario", "config", "delay", "engines", "clocks"}
+_HEADER_KEYS = {"scenario", "config", "delay", "engines", "clocks", "grantor"}
+#: op and ``expect`` names as a mirrored scenario writes them -> as stored
+MIRRORED = {
+    "p_step": "d_step",
+    "d_step": "p_step",
+    "p_crash": "d_crash",
+    "p_restart": "d_restart",
+    "p_stats": "d_stats",
+    "d_stats": "p_stats",
+}
+#: what ``use`` found (spec §12.1)
+USE_OUTCOMES = ("used", "stale", "recomputed", "waiting")
 
 
 def _kind_ok(kind: str, v: Any) -> bool:
@@ -149,7 +189,10 @@ def _header(obj: dict[str, Any], line: int) -> Header:
     delay = obj.get("delay", 0.0)
     if not _kind_ok("num", delay):
         raise ScenarioError(line, "header 'delay' must be a finite number >= 0")
-    engines_in = obj.get("engines", {"P": {}})
+    grantor = obj.get("grantor", "P")
+    if grantor not in ("P", "D"):
+        raise ScenarioError(line, 'header \'grantor\' must be "P" or "D"')
+    engines_in = obj.get("engines", {grantor: {}})
     if not isinstance(engines_in, dict) or not engines_in:
         raise ScenarioError(line, "header 'engines' must be a non-empty object")
     engines = []
@@ -184,18 +227,39 @@ def _header(obj: dict[str, Any], line: int) -> Header:
     name = obj.get("scenario", "")
     if not isinstance(name, str):
         raise ScenarioError(line, "header 'scenario' must be a string")
-    return Header(config, float(delay), tuple(engines), tuple(clocks), name)
+    return Header(config, float(delay), tuple(engines), tuple(clocks), name, grantor)
+
+
+def _stored(name: object, header: Header) -> object:
+    """An op or ``expect`` key as stored: a mirrored world's names swapped back
+    (a name only the P-grants world has is left unknown there)."""
+    if header.grantor != "D" or not isinstance(name, str):
+        return name
+    if name in MIRRORED:
+        return MIRRORED[name]
+    return None if name in MIRRORED.values() else name
+
+
+def _written(name: str, header: Header) -> str:
+    """A stored name as the scenario writes it."""
+    if header.grantor != "D":
+        return name
+    return next((k for k, v in MIRRORED.items() if v == name), name)
 
 
 def _op(obj: dict[str, Any], line: int, header: Header) -> Op:
     t = obj.get("t")
     if not isinstance(t, (int, float)) or not _kind_ok("num", t):
         raise ScenarioError(line, "'t' must be a finite number >= 0 (seconds)")
-    name = obj.get("op")
+    name = _stored(obj.get("op"), header)
     if name not in OPS:
-        raise ScenarioError(line, f"unknown op {name!r}; known: {', '.join(OPS)}")
+        known = ", ".join(_written(k, header) for k in OPS)
+        raise ScenarioError(line, f"unknown op {obj.get('op')!r}; known: {known}")
+    assert isinstance(name, str)
     spec = OPS[name]
     args = {k: v for k, v in obj.items() if k not in ("t", "op")}
+    if name == "expect":  # d_stats/p_stats as stored
+        args = {str(_stored(k, header) or k): v for k, v in args.items()}
     unknown = set(args) - set(spec)
     if unknown:
         raise ScenarioError(
@@ -224,7 +288,7 @@ def _op(obj: dict[str, Any], line: int, header: Header) -> Op:
             raise ScenarioError(
                 line, f"{name}: rank {args['rank']} out of range for engine {eng!r} (tp={tp})"
             )
-    if name in ("grant", "deliver", "track", "send") and "engine" not in args:
+    if name in ("grant", "deliver", "track", "send", "gate", "use") and "engine" not in args:
         if len(names) != 1:
             raise ScenarioError(
                 line, f"{name}: 'engine' is required when the header declares several engines"
@@ -238,6 +302,10 @@ def _op(obj: dict[str, Any], line: int, header: Header) -> Op:
             raise ScenarioError(line, "send: give exactly one of 'transfer_done', 'abort', 'msg'")
         if "n" in args and "transfer_done" not in args:
             raise ScenarioError(line, "send: 'n' goes with 'transfer_done'")
+    if name == "gate" and args.get("sampled_at", 0) + args.get("rtt", 0) > t:
+        raise ScenarioError(line, "gate: the offset sample ('sampled_at' + 'rtt') ends after 't'")
+    if name == "gate" and not args.get("rho", 0) < 1:
+        raise ScenarioError(line, "gate: 'rho' must be below 1")
     if "until" in args and "every" not in args:
         raise ScenarioError(line, f"{name}: 'until' needs 'every'")
     if "every" in args and args.get("until", math.inf) < t:
@@ -273,6 +341,11 @@ def _check_expect(args: dict[str, Any], line: int) -> None:
         for k, v in args.get(key, {}).items():
             if not _kind_ok("int", v):
                 raise ScenarioError(line, f"expect: {key}[{k!r}] must be an integer")
+    for rid, v in args.get("uses", {}).items():
+        if not isinstance(v, list) or not all(x in USE_OUTCOMES for x in v):
+            raise ScenarioError(
+                line, f"expect: uses[{rid!r}] must be a list of {', '.join(USE_OUTCOMES)}"
+            )
 
 
 def parse_scenario(text: str) -> Scenario:

@@ -24,12 +24,13 @@ from ..core.table import TableStats
 from ..core.tracker import HeartbeatTracker
 from .expect import check
 from .format import Op, Scenario, ScenarioError, parse_scenario
-from .world import TOL, Event, Rank, ReplayResult, World, fmt, show
+from .reads import Reads
+from .replay_state import TOL, Event, Rank, ReplayResult, World, fmt, show
 
 __all__ = ["Event", "ReplayResult", "replay", "replay_text"]
 
 
-class _Replay(World):
+class _Replay(Reads, World):
     # -- run ------------------------------------------------------------------------------
     def run(self) -> ReplayResult:
         while self.queue:
@@ -74,7 +75,10 @@ class _Replay(World):
                 )
         if self.tracker is not None:
             self._emit(
-                "D", "end", f"end: tracking [{', '.join(self.tracked())}]", tracked=self.tracked()
+                self.R,
+                "end",
+                f"end: tracking [{', '.join(self.tracked())}]",
+                tracked=self.tracked(),
             )
         self._emit(
             "-", "end", f"expects: {self.result.expects_ok} ok, {self.result.expects_failed} failed"
@@ -85,10 +89,12 @@ class _Replay(World):
         a = op.args
         for r in self._select(a["engine"], a.get("rank")):
             rel = r.table.grant(
-                a["id"], now=self._now("P"), consumers=a.get("consumers", 1), ttl=a.get("ttl")
+                a["id"], now=self._now(self.G), consumers=a.get("consumers", 1), ttl=a.get("ttl")
             )
             info = r.table.lease_info(a["id"])
             deadline = info["deadline"] if info else rel.deadline if rel else None
+            if deadline is not None:  # what the grantor exports (a turn-2 read's gate)
+                r.exported[a["id"]] = deadline
             extra = f", consumers {a['consumers']}" if a.get("consumers", 1) != 1 else ""
             self._emit(
                 r.name,
@@ -111,7 +117,7 @@ class _Replay(World):
             for payload, sent, _ in inbox:
                 self._handle(r, payload, sent)
             dropped = r.table.stats.early_dropped
-            for rel in r.table.expire(now=self._now("P")):
+            for rel in r.table.expire(now=self._now(self.G)):
                 self._release(r, rel)
             dropped = r.table.stats.early_dropped - dropped
             if dropped:
@@ -122,7 +128,7 @@ class _Replay(World):
                 )
 
     def _handle(self, r: Rank, payload: bytes, sent: float) -> None:
-        now = self._now("P")
+        now = self._now(self.G)
         tab = r.table
         try:
             msg = wire.decode(payload)
@@ -153,22 +159,25 @@ class _Replay(World):
                 outcomes.setdefault(what, []).append(rid)
             text = "; ".join(f"{', '.join(ids)} {what}" for what, ids in outcomes.items())
             if answers:
-                text += f"; P answers {', '.join(answers)} (advisory)"
+                text += f"; {self.G} answers {', '.join(answers)} (advisory)"
             self._emit(r.name, "heartbeat", f"{head}: {text}", ids=list(msg.ids), lost=answers)
         elif isinstance(msg, wire.TransferDone):
             res = tab.transfer_done(msg.req_id, now=now, readers=msg.count)
             answer = wire.encode(wire.verdict(msg.req_id, res))[0].decode()
+            r.verdicts[msg.req_id] = answer
             if not answer.startswith("OK:"):
                 r.nacks.append(msg.req_id)
             if isinstance(res, Release):
-                self._emit(r.name, "transfer_done", f"{head}: P answers {answer}", verdict=answer)
+                self._emit(
+                    r.name, "transfer_done", f"{head}: {self.G} answers {answer}", verdict=answer
+                )
                 self._release(r, res)
             elif isinstance(res, LateTransfer):
                 self._emit(
                     r.name,
                     "late_transfer",
                     f"{head}: LATE, lease {res.ended.value} at {fmt(res.ended_at)}: "
-                    f"the reader may have read reused blocks; P answers {answer}",
+                    f"the reader may have read reused blocks; {self.G} answers {answer}",
                     id=res.req_id,
                     ended=res.ended.value,
                     nack=answer,
@@ -182,7 +191,7 @@ class _Replay(World):
                 self._emit(
                     r.name,
                     "transfer_done",
-                    f"{head}: {what}; P answers {answer}",
+                    f"{head}: {what}; {self.G} answers {answer}",
                     id=msg.req_id,
                     verdict=answer,
                 )
@@ -200,17 +209,21 @@ class _Replay(World):
                 )
                 self._emit(r.name, "abort", f"{head}: {what}", id=msg.req_id)
         else:
-            self._emit(r.name, "unexpected", f"{head}: a nack is P's message, never D's; dropped")
+            self._emit(
+                r.name,
+                "unexpected",
+                f"{head}: a nack is {self.G}'s message, never {self.R}'s; dropped",
+            )
 
     # -- D --------------------------------------------------------------------------------
     def _op_track(self, op: Op) -> None:
         a = op.args
         eng = a["engine"]
         self._d().track(
-            a["id"], engine_id=eng, remote_req_id=a.get("remote_id"), now=self._now("D")
+            a["id"], engine_id=eng, remote_req_id=a.get("remote_id"), now=self._now(self.R)
         )
         rid = a.get("remote_id", a["id"])
-        self._emit("D", "track", f"track {a['id']} (P's id {rid}) on {eng}", id=a["id"])
+        self._emit(self.R, "track", f"track {a['id']} ({self.G}'s id {rid}) on {eng}", id=a["id"])
         if eng not in self.connected and eng not in self.handshake_done:
             k = self.engines[eng].handshake
             if k == 0:
@@ -218,7 +231,7 @@ class _Replay(World):
             else:
                 self.handshake_done[eng] = self.t + k
                 self._emit(
-                    "D",
+                    self.R,
                     "handshake",
                     f"handshake with {eng} started, done at {fmt(self.t + k)}",
                     engine=eng,
@@ -230,7 +243,7 @@ class _Replay(World):
         known = rid in d
         d.untrack(rid)
         self._emit(
-            "D", "untrack", f"untrack {rid}" + ("" if known else ": not tracked, no-op"), id=rid
+            self.R, "untrack", f"untrack {rid}" + ("" if known else ": not tracked, no-op"), id=rid
         )
 
     def _op_d_step(self, op: Op) -> None:
@@ -243,11 +256,11 @@ class _Replay(World):
                 self.connected.add(eng)
         pending = set(self.handshake_done)
         deferred = d.stats.deferred
-        due = d.due(now=self._now("D"), pending=pending)
+        due = d.due(now=self._now(self.R), pending=pending)
         if d.stats.deferred > deferred:
             late = sorted(e for e in pending if e in d.engines())
             self._emit(
-                "D",
+                self.R,
                 "deferred",
                 f"heartbeat to {', '.join(late)} deferred: handshake "
                 "pending (the engine keeps its turn)",
@@ -266,7 +279,7 @@ class _Replay(World):
         else:
             fate = "LOST"
         self._emit(
-            "D",
+            self.R,
             kind,
             f"send {show(payload)} to {dest}: {fate}",
             engine=eng,
@@ -277,8 +290,9 @@ class _Replay(World):
     def _op_send(self, op: Op) -> None:
         self._d()
         a = op.args
-        if "transfer_done" in a:
+        if "transfer_done" in a:  # sent once the READ has completed
             payload = wire.encode_transfer_done(a["transfer_done"], a.get("n", 1))
+            self.read_done[a["transfer_done"]] = self.t
         elif "abort" in a:
             payload = wire.encode_abort(a["abort"])
         else:
@@ -291,7 +305,7 @@ class _Replay(World):
         self.connected.discard(eng)
         self.handshake_done.pop(eng, None)
         self._emit(
-            "D", "drop_engine", f"drop engine {eng}: fail over [{', '.join(lost)}]", ids=lost
+            self.R, "drop_engine", f"drop engine {eng}: fail over [{', '.join(lost)}]", ids=lost
         )
 
     def _op_d_crash(self, op: Op) -> None:
@@ -301,17 +315,17 @@ class _Replay(World):
         self.connected.clear()
         self.handshake_done.clear()
         self._emit(
-            "D",
+            self.R,
             "crash",
-            f"D crashes: {n} tracked request(s) lost, no more heartbeats "
+            f"{self.R} crashes: {n} tracked request(s) lost, no more heartbeats "
             "(messages already sent still arrive)",
         )
 
     def _op_d_restart(self, op: Op) -> None:
         if self.tracker is not None:
-            raise ScenarioError(op.line, "d_restart: D is running")
+            raise ScenarioError(op.line, f"{self.written('d_restart')}: {self.R} is running")
         self.tracker = HeartbeatTracker(self.cfg)
-        self._emit("D", "restart", "D restarts with nothing tracked")
+        self._emit(self.R, "restart", f"{self.R} restarts with nothing tracked")
 
     # -- narration and checks ---------------------------------------------------------------
     def _op_note(self, op: Op) -> None:
@@ -319,7 +333,7 @@ class _Replay(World):
 
     def _op_expect(self, op: Op) -> None:
         failures = check(self, op)
-        checked = ", ".join(k for k in op.args if k != "where")
+        checked = ", ".join(self.written(k) for k in op.args if k != "where")
         if failures:
             self.result.expects_failed += 1
             for f in failures:

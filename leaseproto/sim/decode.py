@@ -55,7 +55,10 @@ class DecodeSide:
     _hb_bytes: int
     _hb_msgs_window: int
     _hb_bytes_window: int
+    #: (delay_base, delay_jitter, p_step, max_notification_bytes): a heartbeat's trip
+    _hb_net: tuple[float, float, float, int]
     _h_p_notify: Handler
+    _h_p_heartbeat: Handler
     _h_d_heartbeat: Handler
     _h_d_schedule: Handler
     _h_d_read_done: Handler
@@ -77,14 +80,18 @@ class DecodeSide:
     def _route(self) -> DEngine:
         ds = self.ds
         n = len(ds)
-        for k in range(n):
-            d = ds[(self._rr + k) % n]
+        rr = self._rr
+        d = ds[rr]
+        if d.router_up:  # the usual case: the next one is up
+            self._rr = rr + 1 if rr + 1 < n else 0
+            return d
+        for k in range(1, n):
+            d = ds[(rr + k) % n]
             if d.router_up:
-                self._rr = (self._rr + k + 1) % n
+                self._rr = (rr + k + 1) % n
                 return d
-        d = ds[self._rr % n]
-        self._rr = (self._rr + 1) % n
-        return d
+        self._rr = (rr + 1) % n
+        return ds[rr]
 
     def _lose(self, i: int, at: float) -> None:
         self.stage[i] = _LOST
@@ -140,34 +147,29 @@ class DecodeSide:
             for engine in [e for e, ready in pending.items() if ready <= t]:
                 del pending[engine]
         due = tr.due(now=t, pending=pending)
+        heap = self._heap
+        seq = self._seq
         if due:
-            max_bytes = self.policy.config.max_notification_bytes
-            p_by_name = self.p_by_name
-            encode = wire.encode_heartbeat
-            # _send, written out: the heartbeats are most of a busy fleet's messages
-            sc = self.sc
-            sent = t + sc.delay_base
-            jitter = sc.delay_jitter
-            period = sc.p_step
+            # what our decode worker sends (payloads: encode_heartbeat's bytes), each
+            # arriving at P's next step boundary after its delay (_send, written out:
+            # the heartbeats are most of a busy fleet's messages)
+            sent, jitter, period, max_bytes = self._hb_net
             rnd = self.net.random
-            heap = self._heap
-            seq = self._seq
-            notify = self._h_p_notify
-            push = heapq.heappush
-            ceil = math.ceil
+            notify = self._h_p_heartbeat
+            p_by_name = self.p_by_name
             ids_sent = msgs = size = 0
             for engine, ids in due.items():
                 p = p_by_name[engine]
                 phase = p.phase
                 ids_sent += len(ids)
-                for msg in encode(ids, max_bytes=max_bytes):
+                for msg in tr.payloads(ids, max_bytes=max_bytes):
                     msgs += 1
                     size += len(msg)
-                    arrive = sent + rnd() * jitter
-                    b = phase + ceil((arrive - phase) / period) * period  # grid()
+                    arrive = t + sent + rnd() * jitter
+                    b = phase + math.ceil((arrive - phase) / period) * period  # grid()
                     if b < arrive:
                         b += period
-                    push(heap, (b, _NOTIFY, next(seq), notify, (p, msg)))
+                    heapq.heappush(heap, (b, _NOTIFY, next(seq), notify, (p, msg)))
             self.fig.hb_ids += ids_sent
             self._hb_msgs += msgs
             self._hb_bytes += size
@@ -176,7 +178,10 @@ class DecodeSide:
                 self._hb_bytes_window += size
         nxt = tr.next_due()
         if nxt is not None:  # due but pending: try again next step
-            self._want_hb(d, d.step_at(nxt if nxt > t else t + 1e-9, self.sc.d_step))
+            b = d.step_at(nxt if nxt > t else t + 1e-9, self.sc.d_step)
+            if b not in d.hb_times:  # _want_hb, written out
+                d.hb_times.add(b)
+                heapq.heappush(heap, (b, _OTHER, next(seq), self._h_d_heartbeat, arg))
 
     def _d_schedule(self, t: float, arg: tuple[DEngine, int]) -> None:
         d, epoch = arg
@@ -211,13 +216,13 @@ class DecodeSide:
             return  # D crashed mid-read: the request was lost with it
         del d.reading[i]
         self.stage[i] = _DECODING
-        rid = self.wl.rid[i]
+        wl = self.wl
+        rid = wl.rid[i]
         if d.tracker is not None:
             d.tracker.untrack(rid)
         self._send(self.ps[self.p_of[i]], t, wire.encode_transfer_done(rid, 1))
         heapq.heappush(
-            self._heap,
-            (t + self.wl.decode_s[i], _OTHER, next(self._seq), self._h_d_decoded, arg),
+            self._heap, (t + wl.decode_s[i], _OTHER, next(self._seq), self._h_d_decoded, arg)
         )
 
     def _d_decoded(self, t: float, arg: tuple[DEngine, int, int]) -> None:

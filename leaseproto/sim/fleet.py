@@ -35,6 +35,7 @@ the router spreads requests round robin over the D engines it believes alive.
 
 from __future__ import annotations
 
+import gc
 import heapq
 import itertools
 import math
@@ -110,11 +111,18 @@ class FleetRun(DecodeSide):
         self._area_t = 0.0
         self._waits: list[float] = []
         self._hb_msgs = self._hb_bytes = self._hb_msgs_window = self._hb_bytes_window = 0
+        self._hb_net = (
+            sc.delay_base,
+            sc.delay_jitter,
+            sc.p_step,
+            policy.config.max_notification_bytes,
+        )
         # the handlers, bound once
         self._h_prefilled: Handler = self._prefilled
         self._h_d_arrive: Handler = self._d_arrive
         self._h_p_expire: Handler = self._p_expire
         self._h_p_notify: Handler = self._p_notify
+        self._h_p_heartbeat: Handler = self._p_heartbeat
         self._h_d_heartbeat: Handler = self._d_heartbeat
         self._h_d_schedule: Handler = self._d_schedule
         self._h_d_read_done: Handler = self._d_read_done
@@ -132,23 +140,44 @@ class FleetRun(DecodeSide):
 
     # -- run ----------------------------------------------------------------------------
     def run(self) -> tuple[Figures, Series]:
-        # The arrivals are sorted: they are read in order beside the heap instead of
-        # being pushed into it (a heap of every request would make each pop cost
-        # log2(requests)). An arrival goes first at its instant unless a notification
-        # or an expiry is due then: in one heap, arrivals (priority _OTHER) would
-        # carry the smallest sequence numbers, as they would be pushed first.
         for crash in self.sc.crashes:
             self._at(crash.at, self._crash, (self.ds[crash.engine], crash.down_for))
         self._at(0.0, self._sample, None)
         heap = self._heap
+        arrivals = self.wl.arrival
+        progress = self.progress
+        # The run makes no reference cycles (tests/test_sim.py checks that it leaves no
+        # cyclic garbage): reference counting frees all it drops, and the cyclic
+        # collector would only walk the growing records again and again.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            events = self._loop(heap, arrivals, progress)
+        finally:
+            if collecting:
+                gc.enable()
+        self._finish(events)
+        return self.fig, self.series
+
+    def _loop(
+        self,
+        heap: list[tuple[float, int, int, Handler, Any]],
+        arrivals: list[float],
+        progress: Callable[[float], None] | None,
+    ) -> int:
+        """Handle every event, in order; returns how many.
+
+        The arrivals are sorted: they are read in order beside the heap instead of
+        being pushed into it (a heap of every request would make each pop cost
+        log2(requests)). An arrival goes first at its instant unless a notification
+        or an expiry is due then: in one heap, arrivals (priority _OTHER) would
+        carry the smallest sequence numbers, as they would be pushed first."""
         pop = heapq.heappop
         arrive = self._arrive
-        arrivals = self.wl.arrival
         n = len(arrivals)
         inf = math.inf
         nxt = 0
         ta = arrivals[0] if n else inf
-        progress = self.progress
         events = 0
         while True:
             if heap:
@@ -172,8 +201,7 @@ class FleetRun(DecodeSide):
             events += 1
             if progress is not None and not events & 0x3FFF:
                 progress(t)
-        self._finish(events)
-        return self.fig, self.series
+        return events
 
     def _finish(self, events: int) -> None:
         fig = self.fig
@@ -249,32 +277,33 @@ class FleetRun(DecodeSide):
         p.busy = False
         k = p.index
         loads = self._p_load
-        loads[k] -= 1
+        load = loads[k] = loads[k] - 1
         order = self._p_order
-        heapq.heappush(order, (loads[k], k))
+        heapq.heappush(order, (load, k))
         if len(order) > self._p_order_max:  # drop the stale entries
             order[:] = [(load, j) for j, load in enumerate(loads)]
             heapq.heapify(order)
-        rid = self.wl.rid[i]
-        p.table.grant(rid, now=t, ttl=self.policy.ttl)
-        self._held_change(t, self.wl.blocks[i])
+        wl = self.wl
+        rid = wl.rid[i]
+        table = p.table
+        table.grant(rid, now=t, ttl=self.policy.ttl)
+        self._held_change(t, wl.blocks[i])
         # The table's earliest deadline is now the smaller of the one before and the new
         # lease's; an expiry is already due at or before the grid boundary of the one
         # before (p.expire_at), so only the new deadline can ask for an earlier one. This
         # leaves the table's lazy queue alone (next_deadline() walks and requeues the
         # renewed leases at its head: the costliest call of a busy fleet's grants).
-        deadline = p.table.deadline(rid)
+        deadline = table.deadline(rid)
         assert deadline is not None
         b = grid(deadline, self.sc.p_step, p.phase)
+        heap = self._heap
+        seq = self._seq
         if b < p.expire_at:
             p.expire_at = b
-            heapq.heappush(self._heap, (b, _EXPIRE, next(self._seq), self._h_p_expire, p))
-        d = self._route()
+            heapq.heappush(heap, (b, _EXPIRE, next(seq), self._h_p_expire, p))
         self.stage[i] = _AT_D
-        heapq.heappush(
-            self._heap,
-            (t + self.sc.router_transit, _OTHER, next(self._seq), self._h_d_arrive, (d, i)),
-        )
+        at = t + self.sc.router_transit
+        heapq.heappush(heap, (at, _OTHER, next(seq), self._h_d_arrive, (self._route(), i)))
         if p.queue:
             self._p_start(p, t)
 
@@ -295,16 +324,23 @@ class FleetRun(DecodeSide):
             self._released(rel)
         self._want_expire(p)
 
+    def _p_heartbeat(self, t: float, arg: tuple[PEngine, bytes]) -> None:
+        # what our prefill worker does with a heartbeat: decode and renew in one pass
+        # (the same decisions as wire.decode then renew); the rest goes the long way
+        p, raw = arg
+        if p.table.renew_heartbeat(raw, now=t) is None:
+            self._p_notify(t, arg)
+
     def _p_notify(self, t: float, arg: tuple[PEngine, bytes]) -> None:
         p, raw = arg
         msg = wire.decode(raw)  # the sim only sends well-formed messages
-        if type(msg) is wire.Heartbeat:
-            p.table.renew(msg.ids, now=t)
-        elif type(msg) is wire.TransferDone:
+        if type(msg) is wire.TransferDone:
             out = p.table.transfer_done(msg.req_id, now=t)
             if type(out) is Release:
                 self._released(out)
             # a LateTransfer is counted by the table (stats.late_transfers)
+        elif type(msg) is wire.Heartbeat:
+            p.table.renew(msg.ids, now=t)
 
     def _released(self, rel: Release) -> None:
         i = self.idx_of[rel.req_id]

@@ -30,8 +30,8 @@ from ..adapters.nixl import NixlEndpoint, free_port
 from ..adapters.xfer import Transfer, XferDescs, XferState
 from ..core.mac import FRAME_OVERHEAD
 from ..core.mac_peers import PeerAuth, Refused
+from ..toymodel.tiny_decoder import TinyDecoder
 from .keys import announce
-from .model import TinyDecoder
 from .notifications import DropLog
 from .trace import open_trace, text
 

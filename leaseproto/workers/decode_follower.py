@@ -31,15 +31,15 @@ from ..adapters.xfer import Transfer
 from ..core import wire
 from . import verdicts
 from .backend import KVBackend
-from .decode_state import DecodeOptions, Req, hello, verdict_wait
-from .keys import CurveKeys, curve
-from .loop import EngineLoop
+from .decode_state import DecodeOptions, hello, verdict_wait
+from .keys import curve
+from .loop import IDLE_WAIT_S, PENDING_WAIT_S, EngineLoop, wait_for_input
 from .messages import RankParams, parse
 from .metrics import DecodeMetrics
 from .notifications import DropLog, NotificationGate
-from .plane import Msg, Peer, Server
+from .plane import Msg, Server
 
-__all__ = ["DecodeFollower", "Followers"]
+__all__ = ["DecodeFollower"]
 
 
 def _msg_id(msg: wire.Message) -> str | None:
@@ -50,83 +50,6 @@ log = logging.getLogger("leaseproto.decode")
 
 #: Seconds a READ may stay in progress before it counts as failed.
 _READ_TIMEOUT_S = 30.0
-
-
-class Followers:
-    """Rank 0's links to ranks 1, 2, ... (in rank order)."""
-
-    def __init__(
-        self,
-        ctx: zmq.Context[zmq.Socket[bytes]],
-        addresses: list[str],
-        *,
-        curve: CurveKeys | None = None,
-    ) -> None:
-        self.peers = [Peer(ctx, a, curve=curve) for a in addresses]
-        #: rank -> its NIXL agent (from its ping answer; the router names them to P)
-        self.agents: dict[int, str] = {}
-        self._pinged = -1e18
-
-    def agent_names(self) -> list[str]:
-        """The followers' NIXL agents in rank order, as far as known."""
-        return [self.agents[r] for r in self.ranks if r in self.agents]
-
-    def _ping(self) -> None:
-        now = time.monotonic()
-        if len(self.agents) < len(self.peers) and now - self._pinged >= 0.5:
-            self._pinged = now
-            for rank, peer in zip(self.ranks, self.peers, strict=True):
-                if rank not in self.agents:
-                    peer.send({"op": "ping"})
-
-    @property
-    def ranks(self) -> range:
-        return range(1, len(self.peers) + 1)
-
-    def connect(self, ranks: list[RankParams]) -> None:
-        """Start every follower's handshake with these P ranks."""
-        for peer in self.peers:
-            peer.send({"op": "connect", "ranks": [r.as_msg() for r in ranks]})
-
-    def read(self, req: Req) -> int | None:
-        """Ask every follower to read its heads of ``req``; the first rank
-        that cannot take the request, or None."""
-        msg = {
-            "op": "read",
-            "req_id": req.req_id,
-            "remote_req_id": req.remote_req_id,
-            "num_tokens": req.num_tokens,
-            "ranks": [r.as_msg() for r in req.ranks],
-            "verify": [r.agent for r in req.ranks] if req.verified else [],
-        }
-        for rank, peer in zip(self.ranks, self.peers, strict=True):
-            if not peer.send(msg):
-                return rank
-        return None
-
-    def abort(self, req_id: str) -> None:
-        """Tell every follower to drop its read of ``req_id`` (best effort)."""
-        for peer in self.peers:
-            peer.send({"op": "abort", "req_id": req_id})
-
-    def poll(self) -> list[tuple[int, Msg | None]]:
-        """Answers from the followers as ``(rank, message)``; ``None`` for a
-        follower whose connection dropped."""
-        self._ping()
-        out: list[tuple[int, Msg | None]] = []
-        for rank, peer in zip(self.ranks, self.peers, strict=True):
-            while (msg := peer.recv()) is not None:
-                if msg.get("op") == "pong" and isinstance(msg.get("agent"), str):
-                    self.agents[rank] = msg["agent"]
-                    continue
-                out.append((rank, msg))
-            if peer.disconnected():
-                out.append((rank, None))
-        return out
-
-    def close(self) -> None:
-        for peer in self.peers:
-            peer.close()
 
 
 @dataclass
@@ -340,9 +263,11 @@ class DecodeFollower(EngineLoop):
                 )
             self.backend.free(rd.blocks)
 
-    def step(self, wait_s: float = 0.005) -> None:
-        if wait_s > 0 and not self.reads:
-            self.server.sock.poll(int(wait_s * 1000), zmq.POLLIN)
+    def step(self, wait_s: float = IDLE_WAIT_S) -> None:
+        if wait_s > 0:  # with reads outstanding, until their verdicts (or the READs) move
+            pending = bool(self.reads)
+            wait = min(wait_s, PENDING_WAIT_S) if pending else wait_s
+            wait_for_input(self.server.sock, wait, self.backend.endpoint if pending else None)
         while (got := self.server.recv()) is not None:
             self._request(*got)
         for sender, payload in self.gate.admit(self.backend.poll()):

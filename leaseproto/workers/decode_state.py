@@ -1,22 +1,47 @@
-"""What a decode engine keeps: its options, the P engines it knows, and one
-record per request. The transfer parameters the router passes from P to D
-are parsed and checked here (a bad field is a ``ValueError`` the engine turns
-into a clear error answer, never a crash).
+"""What a decode engine keeps: its options, the P engines it knows, one
+record per request, and where its parts report (:class:`Reporting`). The
+transfer parameters the router passes from P to D are parsed and checked here
+(a bad field is a ``ValueError`` the engine turns into a clear error answer,
+never a crash).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..adapters.xfer import Transfer
 from ..core import wire
 from ..core.config import LeaseConfig
 from .loop import RankOptions
 from .messages import Decode, RankParams, parse
+from .notifications import DropLog
 
-__all__ = ["DecodeOptions", "Engine", "PAgent", "RankParams", "Req", "hello", "verdict_wait"]
+if TYPE_CHECKING:
+    from .metrics import DecodeMetrics
+
+__all__ = [
+    "COUNTS",
+    "DecodeOptions",
+    "Engine",
+    "PAgent",
+    "RankParams",
+    "Reporting",
+    "Req",
+    "hello",
+    "verdict_wait",
+]
+
+#: What decode rank 0 counts (its ``stats``).
+# fmt: off
+COUNTS = (
+    "completed", "recomputed", "failed", "nacks", "nack_after_answer", "malformed",
+    "heartbeats_sent", "engines_dropped", "late_first_heartbeats", "verified_reads",
+    "unverified_reads", "verdicts_nk", "verdict_timeouts", "verdict_wait_us", "lease_lost",
+    "foreign_verdicts", "contradicting_requests", "handshake_timeouts",
+)
+# fmt: on
 
 
 def verdict_wait(config: LeaseConfig) -> float:
@@ -222,3 +247,23 @@ class Req:
             arrived=now,
             cache_turn=m.cache_turn,
         )
+
+
+@dataclass
+class Reporting:
+    """Where the parts of decode rank 0 say what happened: the counters of its
+    ``stats`` (:data:`COUNTS`), its Prometheus metrics, and two rate-limited
+    logs (``drops``: what a peer or client sent that was refused or dropped;
+    ``notes``: the other lines a peer or client can trigger). Written by every
+    part, never read back to decide anything."""
+
+    metrics: DecodeMetrics
+    drops: DropLog
+    notes: DropLog
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTS, 0))
+
+    def malformed(self, why: str) -> None:
+        """A message (request plane or NIXL) that could not be used: counted, logged."""
+        self.counts["malformed"] += 1
+        self.metrics.malformed.inc()
+        self.drops.drop("malformed message", why)

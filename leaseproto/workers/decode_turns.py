@@ -10,25 +10,23 @@ to the P agents that served the turn, and tells the router where they are
 
 What comes in from P for these leases (``HB:`` renewals while the turn-2
 request waits in P's queue, the transfer-done of P's READ, ``AB:``) is
-handled by the very code P uses for its own leases
-(:class:`~.prefill_leases.PrefillLeases`): verdicts ``OK``/``NK`` to a reader
-that greeted ``leaseproto/1``, ``LL`` for a heartbeat naming a lease that is
-gone, blocks freed exactly when the core returns a ``Release`` (a transfer-done
-that completes the lease, expiry, abort). :class:`TurnGrants` owns that state
-and is composed into the decode worker, which hands it the notifications
-meant for a grantor (:func:`for_grantor`).
+handled by the very part P uses for its own leases
+(:class:`~.prefill_leases.LeaseGrants`, composed here): verdicts ``OK``/``NK``
+to a reader that greeted ``leaseproto/1``, ``LL`` for a heartbeat naming a
+lease that is gone, blocks freed exactly when the core returns a ``Release``
+(a transfer-done that completes the lease, expiry, abort). :class:`TurnGrants`
+is a part of the decode worker, which hands it the notifications meant for a
+grantor (:func:`for_grantor`).
 
-Not done here: forgetting silent agents (P's ``_forget_silent``) would drop
-NIXL metadata D's own reads of P depend on, so a grantor on D forgets no one.
+Not done here: forgetting silent agents (P's grants do) would drop NIXL
+metadata D's own reads of P depend on, so a grantor on D forgets no one.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import secrets
-import time
-from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Any
 
 from ..core import wire
@@ -38,9 +36,8 @@ from ..core.table import LeaseTable
 from .backend import KVBackend
 from .decode_state import DecodeOptions, Req
 from .metrics import DecodeMetrics, PrefillMetrics, stats_dict
-from .notifications import DropLog, Inbox, NotificationGate
-from .prefill_binding import ReaderBinding
-from .prefill_leases import PrefillLeases
+from .notifications import DropLog, NotificationGate
+from .prefill_leases import LeaseGrants
 
 __all__ = ["TurnGrants", "for_grantor"]
 
@@ -57,7 +54,7 @@ def for_grantor(payload: bytes) -> bool:
     return isinstance(msg, (wire.Heartbeat, wire.TransferDone, wire.Abort))
 
 
-class TurnGrants(PrefillLeases):
+class TurnGrants:
     """D's leases on cached turns (the grantor side of the decode worker)."""
 
     def __init__(
@@ -73,47 +70,42 @@ class TurnGrants(PrefillLeases):
         self.opts = opts
         self.engine_id = opts.engine_id
         self.config = opts.config
-        self.table = LeaseTable(opts.config)
         self.backend = backend
-        self.metrics = PrefillMetrics(
-            f"{opts.engine_id}-turns", opts.rank, table_stats=lambda: self.table.stats
+        table = LeaseTable(opts.config)
+        metrics = PrefillMetrics(
+            f"{opts.engine_id}-turns", opts.rank, table_stats=lambda: table.stats
         )
-        self.blocks: dict[str, list[int]] = {}
-        self.gate = gate
-        self.inbox = Inbox()
-        self.drops = DropLog(log)
-        self.notes = DropLog(log, prefix="")
-        self.binding = ReaderBinding(ended_capacity=opts.config.tombstone_capacity)
-        self.agents_forgotten = 0
-        self.forgotten_readers: OrderedDict[str, None] = OrderedDict()
-        self.verdict_readers: set[str] = set()
-        self.verdicts_sent = dict.fromkeys(("ok", "nk", "ll", "hello"), 0)
-        self.last_release_at: float | None = None
-        self.nacks_sent = 0
-        self.heartbeats_received = 0
-        self.malformed = 0
+        self.grants = LeaseGrants(
+            opts,
+            table,
+            backend,
+            metrics,
+            gate,
+            drops=DropLog(log),
+            notes=DropLog(log, prefix=""),
+            forget_silent=False,  # D's endpoint is shared with its reads of P
+            sent=self._sent if served is not None else None,
+            released=self._released if served is not None else None,
+        )
         self.granted = 0
-        self._now = -math.inf
         self._advert = {PARAMS_KEY: advertisement(opts.config)}
 
-    def _clock(self) -> float:
-        self._now = max(self._now, time.monotonic())
-        return self._now
+    def _sent(self, kind: str) -> None:
+        assert self.served is not None
+        self.served.turn_verdicts.labels(verdict=kind).inc()
 
-    def _send(self, sender: str, payload: bytes, kind: str) -> None:
-        before = self.verdicts_sent[kind]
-        super()._send(sender, payload, kind)
-        if self.served is not None and self.verdicts_sent[kind] > before:
-            self.served.turn_verdicts.labels(verdict=kind).inc()
+    def _released(self, rel: Release) -> None:
+        assert self.served is not None
+        self.served.turn_releases.labels(reason=rel.reason.value).inc()
+        self.served.turn_blocks_held.set(sum(len(b) for b in self.grants.blocks.values()))
 
-    def _release(self, rel: Release) -> None:
-        super()._release(rel)
-        if self.served is not None:
-            self.served.turn_releases.labels(reason=rel.reason.value).inc()
-            self.served.turn_blocks_held.set(sum(len(b) for b in self.blocks.values()))
+    def busy(self) -> bool:
+        """Whether D holds cached turns or has notifications for them queued."""
+        return bool(len(self.grants.table) or self.grants.inbox)
 
-    def _forget_silent(self) -> None:
-        """D's endpoint is shared with its reads of P: nobody is forgotten here."""
+    def grant_step(self, got: Sequence[tuple[str, bytes]]) -> None:
+        """Handle ``got`` (acts for D's cached turns), then expire."""
+        self.grants.grant_step(got)
 
     def keep(self, req: Req) -> dict[str, Any] | None:
         """Grant a lease on ``req``'s blocks (the whole turn) and return where
@@ -121,24 +113,25 @@ class TurnGrants(PrefillLeases):
         when the lease could not be granted (the caller frees the blocks)."""
         covered = req.num_tokens + req.max_tokens - 1
         lease_id = f"turn-{secrets.token_hex(8)}"
-        now = self._clock()
+        g = self.grants
+        now = g.clock()
         ttl = self.config.decoder_kv_blocks_ttl
         cap = self.config.max_lease_lifetime
         if cap is not None:  # the cap bounds the fixed TTL too, not only renewals
             ttl = min(ttl, cap)
-        rel = self.table.grant(lease_id, now=now, consumers=1, ttl=ttl)
+        rel = g.table.grant(lease_id, now=now, consumers=1, ttl=ttl)
         if rel is not None:  # cannot happen for a fresh id; never keep blocks unleased
-            self.table.abort(lease_id, now=now)
+            g.table.abort(lease_id, now=now)
             return None
         blocks, req.blocks = req.blocks, []
-        self.blocks[lease_id] = blocks
+        g.blocks[lease_id] = blocks
         readers = tuple(r.agent for r in req.ranks)
-        self.binding.name(lease_id, readers)
+        g.binding.name(lease_id, readers)
         self.granted += 1
         if self.served is not None:
             self.served.turns_cached.inc()
-            self.served.turn_blocks_held.set(sum(len(b) for b in self.blocks.values()))
-        deadline = self.table.deadline(lease_id)
+            self.served.turn_blocks_held.set(sum(len(b) for b in g.blocks.values()))
+        deadline = g.table.deadline(lease_id)
         remaining = 0.0 if deadline is None else deadline - now
         self.backend.trace.emit(
             "grant",
@@ -179,18 +172,19 @@ class TurnGrants(PrefillLeases):
         }
 
     def stats(self) -> dict[str, Any]:
+        g = self.grants
         return {
             "turns_cached": self.granted,
-            "turn_leases_live": len(self.table),
-            "turn_blocks_held": sum(len(b) for b in self.blocks.values()),
-            "turn_verdicts_sent": dict(self.verdicts_sent),
-            "turn_heartbeats_received": self.heartbeats_received,
-            "turn_acts_refused": dict(self.binding.refused),
-            "turn_table": stats_dict(self.table.stats),
+            "turn_leases_live": len(g.table),
+            "turn_blocks_held": sum(len(b) for b in g.blocks.values()),
+            "turn_verdicts_sent": dict(g.verdicts_sent),
+            "turn_heartbeats_received": g.heartbeats_received,
+            "turn_acts_refused": dict(g.binding.refused),
+            "turn_table": stats_dict(g.table.stats),
         }
 
     def close(self) -> None:
         """Free every cached turn (the worker is stopping)."""
-        for blocks in self.blocks.values():
+        for blocks in self.grants.blocks.values():
             self.backend.free(blocks)
-        self.blocks.clear()
+        self.grants.blocks.clear()

@@ -9,8 +9,11 @@ import argparse
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
+import zmq
+
+from ..adapters.nixl import NixlEndpoint
 from ..core.config import LeaseConfig
 from ..core.mac import FRAME_OVERHEAD, ClusterKey
 from ..core.wire import MAX_ID_BYTES, VERDICT_OVERHEAD
@@ -18,16 +21,15 @@ from .keys import load_cluster_key
 from .notifications import MAX_INCOMING_BYTES, DropLog
 from .plane import Msg, Server
 
-__all__ = ["IDLE_WAIT_S", "PENDING_WAIT_S", "EngineLoop", "RankOptions"]
+__all__ = ["IDLE_WAIT_S", "PENDING_WAIT_S", "EngineLoop", "RankOptions", "wait_for_input"]
 
 #: Longest a worker's loop waits for request-plane traffic before it polls
 #: NIXL again, when it expects no notification.
 IDLE_WAIT_S = 0.005
-#: The same wait while a notification is expected soon (P holds a live lease,
-#: D has a read or a verdict outstanding). NIXL offers no event to wait on and
-#: the endpoint runs without a progress thread, so this wait bounds how long a
-#: transfer-done or a verdict sits unread: it is on every verified request's
-#: time to first token (about one loop turn per side).
+#: The longest wait while a notification is expected soon (P holds a live lease,
+#: D has a read or a verdict outstanding): the loop turns at least this often
+#: (expiry, READ completion). A notification ends the wait when it arrives,
+#: give or take the endpoint's check interval (:func:`wait_for_input`).
 PENDING_WAIT_S = 0.001
 
 log = logging.getLogger("leaseproto.workers")
@@ -108,6 +110,26 @@ class RankOptions:
                     f"(the longest verdict plus the {FRAME_OVERHEAD}-byte frame), got "
                     f"{self.config.max_notification_bytes}"
                 )
+
+
+def wait_for_input(
+    sock: zmq.Socket[bytes], wait_s: float, notifications: NixlEndpoint | None = None
+) -> None:
+    """Wait up to ``wait_s`` seconds for a request on ``sock``, and, with
+    ``notifications`` (an endpoint a notification is expected on soon), until
+    one arrives there too. NIXL offers nothing to block on, so the second is
+    the endpoint's poll-and-sleep (:meth:`~leaseproto.adapters.nixl.NixlEndpoint.wait`,
+    which checks ``sock`` at each of its checks); the first is a blocking poll
+    (a worker expecting no notification wakes only for requests and its
+    timeout: its idle CPU)."""
+    if notifications is None:
+        sock.poll(max(1, round(wait_s * 1000)), zmq.POLLIN)
+        return
+
+    def has_request() -> bool:  # without a syscall: the socket's own event state
+        return bool(cast(int, sock.get(zmq.EVENTS)) & zmq.POLLIN)
+
+    notifications.wait(wait_s, until=has_request)
 
 
 class EngineLoop:

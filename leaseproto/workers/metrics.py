@@ -279,9 +279,10 @@ class PrefillMetrics(WorkerMetrics):
         self.prefix_reads = self._counters(
             "prefix_reads",
             "Turn-2 prefixes read from D's cached turn, by outcome: verified (D's OK from "
-            "every rank read, I14) or recomputed because of nack, timeout, lost or gate",
+            "every rank read, I14), unverified (used as read: --turn-reads gate-only) or "
+            "recomputed because of nack, timeout, lost or gate",
             "outcome",
-            ("verified", "nack", "timeout", "lost", "gate"),
+            ("verified", "unverified", "nack", "timeout", "lost", "gate"),
         )
         self.prefix_heartbeats = c(
             "prefix_heartbeats_sent", "Heartbeats P sent D for turn-2 requests waiting (I16)"

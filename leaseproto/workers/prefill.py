@@ -18,10 +18,8 @@ Each turn of the loop (:meth:`PrefillWorker.step`):
 from __future__ import annotations
 
 import logging
-import math
 import secrets
-import time
-from collections import OrderedDict, deque
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,13 +30,12 @@ from ..core.peer import PARAMS_KEY, advertisement
 from ..core.table import LeaseTable
 from .backend import KVBackend
 from .keys import curve
-from .loop import IDLE_WAIT_S, PENDING_WAIT_S, EngineLoop, RankOptions
+from .loop import IDLE_WAIT_S, PENDING_WAIT_S, EngineLoop, RankOptions, wait_for_input
 from .messages import Abort, Prefill, parse
 from .metrics import PrefillMetrics, stats_dict
-from .notifications import DropLog, Inbox, NotificationGate
+from .notifications import DropLog, NotificationGate
 from .plane import BadMessage, Msg, Server
-from .prefill_binding import ReaderBinding
-from .prefill_leases import PrefillLeases
+from .prefill_leases import LeaseGrants
 from .prefill_prefix import PrefixReads
 
 __all__ = ["PrefillOptions", "PrefillWorker"]
@@ -47,13 +44,32 @@ log = logging.getLogger("leaseproto.prefill")
 
 #: Most prompts prefilled in one loop turn.
 _BATCH = 8
+#: How P reads a turn-2 prefix from D (``--turn-reads``).
+TURN_READS = ("verified", "gate-only")
 
 
 @dataclass
 class PrefillOptions(RankOptions):
     engine_id: str = "prefill-engine"
+    #: turn-2 prefixes: ``verified`` (I14, I16) or ``gate-only`` (vLLM 0.32's
+    #: bidirectional mode, for comparison: :mod:`.prefill_prefix`)
+    turn_reads: str = "verified"
     #: fault injection: the loop stalls this long after posting a prefix READ
     prefix_stall: float = 0.0
+    #: fault injection: a read the gate admitted waits this long (P stops on it)
+    prefix_gate_stall: float = 0.0
+    #: how many prefix reads the stalls hit, the first ones admitted (None: every one)
+    prefix_stalls: int | None = None
+
+    @property
+    def verify_reads(self) -> bool:
+        """Whether P uses a prefix only after D's verdict (the trace header says so)."""
+        return self.turn_reads == "verified"
+
+    def check(self) -> None:
+        super().check()
+        if self.turn_reads not in TURN_READS:
+            raise ValueError(f"turn_reads must be one of {TURN_READS}, got {self.turn_reads!r}")
 
 
 @dataclass
@@ -67,43 +83,32 @@ class _Queued:
     readers: tuple[str, ...] = ()
 
 
-class PrefillWorker(PrefillLeases, EngineLoop):
-    """One prefill rank (``rank`` of ``tp``) of engine ``engine_id``."""
+class PrefillWorker(EngineLoop):
+    """One prefill rank (``rank`` of ``tp``) of engine ``engine_id``: its
+    queue, and two parts that own their state: the leases it grants
+    (``grants``, :class:`~.prefill_leases.LeaseGrants`) and its reads of D's
+    cached turns (``prefixes``, :class:`~.prefill_prefix.PrefixReads`)."""
 
     opts: PrefillOptions
 
     def __init__(self, opts: PrefillOptions) -> None:
         opts.check()
         self.opts = opts
-        self.config = opts.config
-        self.table = LeaseTable(opts.config)
         self.agent_name = f"{opts.engine_id}-r{opts.rank}-{secrets.token_hex(3)}"
         self.backend = KVBackend(opts, agent_name=self.agent_name, role="prefill")
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self.server = Server(self.ctx, opts.host, opts.port, curve=curve(opts.cluster_key))
-        self.metrics = PrefillMetrics(
-            opts.engine_id, opts.rank, table_stats=lambda: self.table.stats
-        )
+        table = LeaseTable(opts.config)  # made first: the metrics read it from their start
+        self.metrics = PrefillMetrics(opts.engine_id, opts.rank, table_stats=lambda: table.stats)
         if opts.metrics_port is not None:
             self.metrics.serve(opts.host, opts.metrics_port)
-        self.blocks: dict[str, list[int]] = {}  # req id -> blocks held under its lease
         self.queue: deque[_Queued] = deque()
-        self.last_release_at: float | None = None
-        self.nacks_sent = 0
-        self.heartbeats_received = 0
-        self.malformed = 0
-        self.drops = DropLog(log)
+        self.malformed = 0  # request-plane messages (the grants count notifications)
+        drops = DropLog(log)
         self.notes = DropLog(log, prefix="")  # other lines a peer or client can trigger
         self.gate = NotificationGate(
-            self.drops, max_bytes=opts.max_notification_in, known=self.backend.is_connected
+            drops, max_bytes=opts.max_notification_in, known=self.backend.is_connected
         )
-        self.inbox = Inbox()
-        self.verdict_readers: set[str] = set()
-        self.binding = ReaderBinding(ended_capacity=self.config.tombstone_capacity)
-        self.agents_forgotten = 0
-        self.forgotten_readers: OrderedDict[str, None] = OrderedDict()
-        self.verdicts_sent = dict.fromkeys(("ok", "nk", "ll", "hello"), 0)
-        self._now = -math.inf
         #: P as a reader: turn-2 prefixes read from D's cached turns (I14, I16)
         self.prefixes = PrefixReads(
             self.backend,
@@ -112,6 +117,20 @@ class PrefillWorker(PrefillLeases, EngineLoop):
             notes=self.notes,
             metrics=self.metrics,
             stall=opts.prefix_stall,
+            gate_only=opts.turn_reads == "gate-only",
+            stall_at_gate=opts.prefix_gate_stall,
+            stalls=opts.prefix_stalls,
+        )
+        #: P as a grantor: its leases, and D's verdicts on its prefix reads handed over
+        self.grants = LeaseGrants(
+            opts,
+            table,
+            self.backend,
+            self.metrics,
+            self.gate,
+            drops=drops,
+            notes=self.notes,
+            reader=self.prefixes.verdict,
         )
         self.metrics.blocks_free.set(self.backend.num_free)
         #: our lease settings, as durations, in every transfer parameter set (lease policy)
@@ -134,8 +153,7 @@ class PrefillWorker(PrefillLeases, EngineLoop):
         }
 
     def _clock(self) -> float:
-        self._now = max(self._now, time.monotonic())
-        return self._now
+        return self.grants.clock()
 
     # -- requests -------------------------------------------------------------------------
     def _request(self, envelope: list[bytes], msg: Msg) -> None:
@@ -160,7 +178,7 @@ class PrefillWorker(PrefillLeases, EngineLoop):
             wire.check_id(m.req_id)
         except ValueError as exc:
             raise BadMessage(f"bad req_id: {exc}") from exc
-        if m.req_id in self.table or any(q.req_id == m.req_id for q in self.queue):
+        if m.req_id in self.grants.table or any(q.req_id == m.req_id for q in self.queue):
             raise BadMessage(f"req {m.req_id} is already being served")
         problem = self.backend.check_prompt(m.prompt)
         if problem is not None:
@@ -182,10 +200,10 @@ class PrefillWorker(PrefillLeases, EngineLoop):
             self.queue.remove(q)
         self.prefixes.done(req_id)
         now = self._clock()
-        rel = self.table.abort(req_id, now=now)
+        rel = self.grants.table.abort(req_id, now=now)
         self.backend.trace.emit("abort_req", now=now, req=req_id)
         if rel is not None:
-            self._release(rel)
+            self.grants.release(rel)
 
     def compute(self) -> None:
         """Prefill queued prompts, oldest first, while blocks are free; at most
@@ -222,11 +240,11 @@ class PrefillWorker(PrefillLeases, EngineLoop):
                 continue
             used = self.prefixes.done(q.req_id)
             now = self._clock()
-            rel = self.table.grant(q.req_id, now=now, consumers=q.consumers)
-            self.blocks[q.req_id] = blocks
-            self.binding.name(q.req_id, q.readers)
+            rel = self.grants.grant(
+                q.req_id, blocks, now=now, consumers=q.consumers, readers=q.readers
+            )
             self.metrics.prefills.inc()
-            deadline = self.table.deadline(q.req_id)
+            deadline = self.grants.table.deadline(q.req_id)
             self.backend.trace.emit(
                 "grant",
                 now=now,
@@ -237,7 +255,7 @@ class PrefillWorker(PrefillLeases, EngineLoop):
                 readers=list(q.readers),
             )
             if rel is not None:  # a staged abort / transfer-done completed it already
-                self._release(rel)
+                self.grants.release(rel)
                 self.server.reply(
                     q.envelope,
                     {
@@ -290,31 +308,30 @@ class PrefillWorker(PrefillLeases, EngineLoop):
 
     def stats(self) -> Msg:
         now = self._clock()
+        g = self.grants
         return {
             "role": "prefill",
             "rank": self.opts.rank,
-            "blocks_held": sum(len(b) for b in self.blocks.values()),
+            "blocks_held": sum(len(b) for b in g.blocks.values()),
             "blocks_free": self.backend.num_free,
             "blocks_total": self.opts.num_blocks,
-            "leases_live": len(self.table),
+            "leases_live": len(g.table),
             "queued": len(self.queue),
-            "since_last_release": (
-                None if self.last_release_at is None else now - self.last_release_at
-            ),
-            "nacks_sent": self.nacks_sent,
-            "verdicts_sent": dict(self.verdicts_sent),
-            "verdict_readers": len(self.verdict_readers),
-            "malformed": self.malformed,
+            "since_last_release": (None if g.last_release_at is None else now - g.last_release_at),
+            "nacks_sent": g.nacks_sent,
+            "verdicts_sent": dict(g.verdicts_sent),
+            "verdict_readers": len(g.verdict_readers),
+            "malformed": self.malformed + g.malformed,
             "oversized": self.gate.oversized,
             "unknown_sender": self.gate.unknown_sender,
             "max_notification_in": self.gate.max_bytes,
-            "inbox_pending": self.inbox.pending,
-            "inbox_overflow": self.inbox.overflow,
-            "heartbeats_received": self.heartbeats_received,
-            "acts_refused": dict(self.binding.refused),
-            "agents_heard": len(self.binding.last_heard),
-            "agents_forgotten": self.agents_forgotten,
-            "table": stats_dict(self.table.stats),
+            "inbox_pending": g.inbox.pending,
+            "inbox_overflow": g.inbox.overflow,
+            "heartbeats_received": g.heartbeats_received,
+            "acts_refused": dict(g.binding.refused),
+            "agents_heard": len(g.binding.last_heard),
+            "agents_forgotten": g.agents_forgotten,
+            "table": stats_dict(g.table.stats),
             **self.prefixes.stats(),
             **self.backend.auth_stats(),
         }
@@ -324,11 +341,12 @@ class PrefillWorker(PrefillLeases, EngineLoop):
         """One engine-loop turn: intake, compute, lease step. ``wait_s``: the
         longest wait for request-plane traffic when there is nothing to do
         (default: short while a lease is live, see ``loop.PENDING_WAIT_S``)."""
+        busy = len(self.grants.table) or len(self.prefixes)
         if wait_s is None:
-            busy = len(self.table) or len(self.prefixes)
             wait_s = PENDING_WAIT_S if busy else IDLE_WAIT_S
-        if wait_s > 0 and not self.inbox:
-            self.server.sock.poll(max(1, round(wait_s * 1000)), zmq.POLLIN)
+        if wait_s > 0 and not self.grants.inbox:
+            # a live lease: a transfer-done may come any moment, and D waits for its OK
+            wait_for_input(self.server.sock, wait_s, self.backend.endpoint if busy else None)
         while (got := self.server.recv()) is not None:
             self._request(*got)
         if self.server.bad:
@@ -336,13 +354,8 @@ class PrefillWorker(PrefillLeases, EngineLoop):
             self.metrics.malformed.inc(self.server.bad)
             self.server.bad = 0
         self.compute()
-        self.lease_step()
+        self.grants.lease_step()
         self.prefixes.step(now=self._clock())
-
-    def _reader_message(self, sender: str, msg: wire.Message) -> None:
-        """D's verdicts and ``LL`` on our reads of its cached turns."""
-        if not self.prefixes.verdict(sender, msg):
-            super()._reader_message(sender, msg)
 
     def describe(self) -> str:
         o = self.opts

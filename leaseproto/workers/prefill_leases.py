@@ -1,5 +1,11 @@
-"""A prefill rank's lease step: what comes in from D over NIXL, what P frees,
-and the verdicts it sends back (verified reads, I13).
+"""A grantor's leases (:class:`LeaseGrants`): what comes in from the readers
+over NIXL, what the grantor frees, and the verdicts it sends back (verified
+reads, I13). A part of the prefill worker (P's leases on prefilled prompts)
+and of the decode worker (D's leases on cached turns,
+:class:`~.decode_turns.TurnGrants`), owning its state: the core's
+``LeaseTable``, the blocks each lease holds, the readers each is bound to
+(:class:`~.prefill_binding.ReaderBinding`), the inbox, and which readers take
+verdicts.
 
 Every notification goes through the gate (size cap, known senders), the
 inbox (round-robin per sender, each handled at its poll instant) and
@@ -9,11 +15,12 @@ the core returns a :class:`~leaseproto.Release`.
 
 A reader that said it understands verdicts (a heartbeat naming the
 capability token ``leaseproto/1``, acknowledged with ``OK:leaseproto/1``)
-gets an answer to **every** transfer-done P handles: ``OK`` when the lease
-was live then (the count completed it, or counted a partial read), ``NK``
-with how it had ended otherwise (:func:`leaseproto.wire.verdict`, one rule).
-A heartbeat naming a lease P no longer holds is answered ``LL`` (advisory).
-A reader that never said so (a stock vLLM decoder) receives none of these.
+gets an answer to **every** transfer-done the grantor handles: ``OK`` when
+the lease was live then (the count completed it, or counted a partial read),
+``NK`` with how it had ended otherwise (:func:`leaseproto.wire.verdict`, one
+rule). A heartbeat naming a lease no longer held is answered ``LL``
+(advisory). A reader that never said so (a stock vLLM decoder) receives none
+of these.
 
 Under ``policy="fixed"`` (a naive deployment, for comparison) heartbeats are
 ignored, no capability is advertised and late transfers are only counted and
@@ -23,8 +30,10 @@ logged, as upstream does.
 from __future__ import annotations
 
 import logging
+import math
+import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..core import wire
@@ -33,14 +42,14 @@ from ..core.table import LeaseTable
 from . import verdicts
 from .metrics import PrefillMetrics
 from .notifications import DropLog, Inbox, NotificationGate
+from .prefill_binding import ReaderBinding
 from .trace import text
 
 if TYPE_CHECKING:
     from .backend import KVBackend
     from .loop import RankOptions
-    from .prefill_binding import ReaderBinding
 
-__all__ = ["PrefillLeases"]
+__all__ = ["LeaseGrants"]
 
 log = logging.getLogger("leaseproto.prefill")
 
@@ -54,38 +63,86 @@ _PRUNE_EVERY_S = 1.0
 _FORGOTTEN_READERS = 4096
 
 
-class PrefillLeases:
-    """The lease step of the prefill worker (which supplies the state below)."""
+class LeaseGrants:
+    """The leases a grantor holds for its readers, and its lease step."""
 
-    opts: RankOptions
-    table: LeaseTable
-    backend: KVBackend
-    metrics: PrefillMetrics
-    blocks: dict[str, list[int]]
-    gate: NotificationGate
-    inbox: Inbox
-    drops: DropLog
-    #: which D agents may act for each live lease (spec §10.2)
-    binding: ReaderBinding
-    agents_forgotten: int
-    #: verdict readers P forgot (oldest first), restored when heard again
-    forgotten_readers: OrderedDict[str, None]
-    notes: DropLog
-    #: readers that said they understand verdicts (agent names)
-    verdict_readers: set[str]
-    verdicts_sent: dict[str, int]
-    last_release_at: float | None
-    nacks_sent: int
-    heartbeats_received: int
-    malformed: int
-    _now: float
-    _pruned_at: float = -float("inf")
+    def __init__(
+        self,
+        opts: RankOptions,
+        table: LeaseTable,
+        backend: KVBackend,
+        metrics: PrefillMetrics,
+        gate: NotificationGate,
+        *,
+        drops: DropLog,
+        notes: DropLog,
+        reader: Callable[[str, wire.Message], bool] | None = None,
+        forget_silent: bool = True,
+        sent: Callable[[str], None] | None = None,
+        released: Callable[[Release], None] | None = None,
+    ) -> None:
+        """``table``: a new one (the metrics read it); ``drops``, ``notes``: the
+        rate-limited logs of what was refused and of the other lines a peer can
+        trigger; ``reader``: takes the verdicts and ``LL`` of a grantor that
+        also reads others' leases (P reading D's cached turns), True when it
+        did; ``forget_silent``: forget readers gone silent (off where the NIXL
+        endpoint also serves the worker's own reads); ``sent``, ``released``:
+        told of each answer sent (its kind) and each release, after the fact."""
+        self.opts = opts
+        self.table = table
+        self.backend = backend
+        self.metrics = metrics
+        self.gate = gate
+        self.drops = drops
+        self.notes = notes
+        self._reader = reader
+        self._forgets = forget_silent
+        self._sent = sent
+        self._released = released
+        #: lease id -> the blocks held under it
+        self.blocks: dict[str, list[int]] = {}
+        self.inbox = Inbox()
+        #: which D agents may act for each live lease (spec §10.2)
+        self.binding = ReaderBinding(ended_capacity=opts.config.tombstone_capacity)
+        #: readers that said they understand verdicts (agent names)
+        self.verdict_readers: set[str] = set()
+        #: verdict readers forgotten (oldest first), restored when heard again
+        self.forgotten_readers: OrderedDict[str, None] = OrderedDict()
+        self.agents_forgotten = 0
+        self.verdicts_sent = dict.fromkeys(("ok", "nk", "ll", "hello"), 0)
+        self.last_release_at: float | None = None
+        self.nacks_sent = 0
+        self.heartbeats_received = 0
+        self.malformed = 0
+        self._now = -math.inf
+        self._pruned_at = -math.inf
 
-    def _clock(self) -> float:
-        raise NotImplementedError
+    def clock(self) -> float:
+        """The grantor's clock: monotonic, and never behind a notification
+        already handled (each is handled at its poll instant)."""
+        self._now = max(self._now, time.monotonic())
+        return self._now
 
-    # -- releases -------------------------------------------------------------------------
-    def _release(self, rel: Release) -> None:
+    # -- grants and releases --------------------------------------------------------------
+    def grant(
+        self,
+        lease_id: str,
+        blocks: list[int],
+        *,
+        now: float,
+        consumers: int,
+        readers: Sequence[str],
+    ) -> Release | None:
+        """Grant a lease on ``blocks`` to ``consumers`` readers, bound to the
+        agents ``readers`` (none: the first to act binds it). A Release when
+        the core ended it at once (a staged abort or transfer-done): the caller
+        then hands it to :meth:`release`."""
+        rel = self.table.grant(lease_id, now=now, consumers=consumers)
+        self.blocks[lease_id] = blocks
+        self.binding.name(lease_id, readers)
+        return rel
+
+    def release(self, rel: Release) -> None:
         """Free the blocks of a lease the core just ended (spec: exactly then)."""
         blocks = self.blocks.pop(rel.req_id, [])
         self.binding.release(rel.req_id)
@@ -110,6 +167,8 @@ class PrefillLeases:
                 rel.req_id,
                 rel.at - rel.granted_at,
             )
+        if self._released is not None:
+            self._released(rel)
 
     # -- answers to D ---------------------------------------------------------------------
     def _send(self, sender: str, payload: bytes, kind: str) -> None:
@@ -118,6 +177,8 @@ class PrefillLeases:
             if kind in ("nk", "ll"):
                 self.nacks_sent += 1
                 self.metrics.nacks.inc()
+            if self._sent is not None:
+                self._sent(kind)
 
     def _refusals(self, sender: str, msg: wire.Message) -> list[str]:
         """The ids ``msg`` names whose lease is bound to agents other than
@@ -154,7 +215,7 @@ class PrefillLeases:
     def _transfer_done(self, sender: str, msg: wire.TransferDone, now: float) -> None:
         out, verdict = verdicts.transfer_done(self.table, msg, now=now)
         if isinstance(out, Release):
-            self._release(out)
+            self.release(out)
         elif isinstance(out, LateTransfer):
             self.notes.drop(
                 "late transfer-done",
@@ -301,14 +362,17 @@ class PrefillLeases:
         elif isinstance(msg, wire.Abort):
             rel = self.table.abort(msg.req_id, now=now)
             if rel is not None:
-                self._release(rel)
+                self.release(rel)
         else:  # OK, NK, LL: for the reader side of this process, if it has one
             self._reader_message(sender, msg)
 
     def _reader_message(self, sender: str, msg: wire.Message) -> None:
-        """A verdict or ``LL`` (grantor -> reader): a worker that also reads
-        leases of others (P reading D's cached turns) takes them here."""
-        self._drop_malformed(f"a {type(msg).__name__} from {sender}: a grantor never receives it")
+        """A verdict or ``LL`` (grantor -> reader): the ``reader`` takes it, if
+        this worker also reads leases of others (P reading D's cached turns)."""
+        if self._reader is None or not self._reader(sender, msg):
+            self._drop_malformed(
+                f"a {type(msg).__name__} from {sender}: a grantor never receives it"
+            )
 
     def _drop_malformed(self, why: str) -> None:
         self.malformed += 1
@@ -322,7 +386,9 @@ class PrefillLeases:
         back pushes its metadata again first (it does after two heartbeat
         intervals without traffic, which T2 keeps within two extensions), and a
         verdict reader among the last few thousand forgotten gets verdicts again."""
-        now = self._clock()
+        if not self._forgets:
+            return
+        now = self.clock()
         if now - self._pruned_at < _PRUNE_EVERY_S:
             return
         self._pruned_at = now
@@ -360,7 +426,7 @@ class PrefillLeases:
         # received it by then), senders served round-robin within a budget, and
         # nothing expires until every notification polled so far is handled:
         # a renewal that arrived in time always counts, whatever the burst.
-        polled = self._clock()
+        polled = self.clock()
         self.inbox.add(list(got), polled=polled)
         for at, sender, payload in self.inbox.take(budget_s=_INBOX_BUDGET_S):
             self._now = max(self._now, at)
@@ -370,7 +436,7 @@ class PrefillLeases:
             released = self.table.expire(now=now)
             self.backend.trace.expire(now, len(released))
             for rel in released:
-                self._release(rel)
+                self.release(rel)
         self.drops.flush()
         # (lost peers are the lease step's: on D they are the reader side's)
         self._forget_silent()

@@ -14,13 +14,21 @@ verdicts). When the request reaches the head of P's queue:
    anchored at P's receipt, its uncertainty grows with age (drift); a read
    that could not finish ``safety_margin`` before the deadline is skipped;
 2. **read**: every head of the prefix's blocks from D into P's staging pool
-   (each P rank computes every head, :mod:`.model`), the transfer-done
-   ``<D's id>:<P tp>`` attached; heartbeats stop when it is done;
+   (each P rank computes every head, :mod:`leaseproto.toymodel`), the
+   transfer-done ``<D's id>:<P tp>`` attached; heartbeats stop when it is done;
 3. **fence** (I14): the prefix is used only after ``OK`` from every D agent
    read. ``NK``, an ``LL`` before the read, a failed READ, no verdict within
    ``verdict_wait``, or the gate → the prefix is recomputed (counted by
    reason, logged rate-limited, trace ``recompute``) and P prefills the whole
    prompt; a prefix given up on before D answered is aborted on D (``AB:``).
+
+``gate_only`` (``serve prefill --turn-reads gate-only``, for comparison) is what
+vLLM 0.32 does in bidirectional mode: no heartbeats and no hello, so D holds
+the turn for its fixed TTL and gives no verdict; P checks only the time gate
+(``now + safety_margin < deadline``, no uncertainty) and uses whatever its READ
+returned (trace ``use`` with no ``ok_from``; the trace header says
+``verify_reads: false``). A read that completes after D freed and reused the
+blocks is used all the same (B4; ``leaseproto check-trace`` reports it as I14).
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..adapters.kv_pool import LayoutError, PoolExhausted
 from ..adapters.xfer import Transfer
+from ..core import rules as R
 from ..core import wire
 from ..core.clock import ClockOffset
 from ..core.config import LeaseConfig
@@ -74,6 +83,11 @@ class Prefix:
     since: float = 0.0
     #: ``waiting`` -> ``reading`` -> ``verifying`` -> ``ok`` | ``lost``
     state: str = "waiting"
+    #: the gate admitted the read (it is not asked again)
+    admitted: bool = False
+    #: the injected stalls hit this read; its READ is posted no earlier than ``resume_at``
+    stalled: bool = False
+    resume_at: float = 0.0
     reason: str = ""
     staging: list[int] = field(default_factory=list)
     transfers: list[Transfer] = field(default_factory=list)
@@ -102,12 +116,24 @@ class PrefixReads:
         notes: DropLog,
         metrics: PrefillMetrics | None = None,
         stall: float = 0.0,
+        gate_only: bool = False,
+        stall_at_gate: float = 0.0,
+        stalls: int | None = None,
     ) -> None:
-        """``stall``: fault injection, the loop sleeps this long after posting
-        a prefix READ (P paused past D's deadline after the gate admitted it)."""
+        """``gate_only``: read as vLLM 0.32 does (see the module's docstring).
+        Fault injection: ``stall``, the loop sleeps this long after posting a
+        prefix READ (P paused past D's deadline after the gate admitted it);
+        ``stall_at_gate``, once the gate admits a read P stops working on it for
+        this long (no heartbeat for it, READ not posted, its queue waits behind
+        it) while the rest of its loop goes on, as vLLM's NIXL progress thread
+        does through a long engine step; ``stalls``: how many reads the stalls
+        hit, the first ones admitted (None: every one)."""
         self.backend = backend
         self.metrics = metrics
         self.stall = stall
+        self.gate_only = gate_only
+        self.stall_at_gate = stall_at_gate
+        self.stalls_left = stalls
         self.config = config
         self.p_tp = p_tp
         self.notes = notes
@@ -119,6 +145,7 @@ class PrefixReads:
         self.greeted: set[str] = set()
         self._hello_at: dict[str, float] = {}
         self.counts = {"prefix_verified": 0, "prefix_heartbeats_sent": 0, "prefix_foreign": 0}
+        self.counts["prefix_unverified"] = 0  # used without a verdict (gate_only)
         self.counts.update({f"prefix_recomputed_{r}": 0 for r in REASONS})
 
     def __len__(self) -> int:
@@ -152,8 +179,9 @@ class PrefixReads:
             extension=extension,
             since=now,
         )
-        try:
-            self.tracker.track(req_id, engine_id=p.engine_id, remote_req_id=p.lease_id, now=now)
+        try:  # gate_only: nobody renews D's lease (vLLM's fixed TTL)
+            if not self.gate_only:
+                self.tracker.track(req_id, engine_id=p.engine_id, remote_req_id=p.lease_id, now=now)
         except LocalProtocolError as exc:
             raise ValueError(str(exc)) from exc
         for r in p.ranks:  # ValueError: NIXL refuses the address
@@ -181,7 +209,7 @@ class PrefixReads:
                     if self.metrics is not None:
                         self.metrics.prefix_heartbeats.inc()
         for p in list(self.by_req.values()):
-            for agent in p.agents:  # greet until the agent answers (every H)
+            for agent in [] if self.gate_only else p.agents:  # greet until it answers (every H)
                 last = self._hello_at.get(agent, -math.inf)
                 if agent in self.greeted or now - last < self.config.heartbeat_interval:
                     continue
@@ -210,15 +238,10 @@ class PrefixReads:
         handshake / staging blocks)."""
         if p.state != "waiting":
             return
-        margin = self.config.safety_margin
-        if not p.gate.read_allowed(p.deadline, now=now, margin=margin):
-            self.lose(p, "gate", f"{p.deadline - now:.2f} s left, margin {margin:g} s")
+        if not p.admitted and not self._admit(p, now):
             return
-        if not all(a in self.greeted for a in p.agents):
-            wait = verdict_wait(self.config)
-            if now - p.since > wait:  # D is gone or gives no verdicts: do not hold the queue
-                self.lose(p, "lost", f"D's agents did not answer {wire.CAPABILITY} in {wait:g} s")
-            return
+        if now < p.resume_at:
+            return  # an injected stall after the gate
         try:
             p.staging = self.backend.staging.allocate(
                 self.backend.staging.blocks_needed(p.num_tokens)
@@ -233,14 +256,56 @@ class PrefixReads:
         notif = wire.encode_transfer_done(p.lease_id, self.p_tp)
         for rank, local, remote in plan:
             p.transfers.append(self.backend.read(rank.agent, local, remote, notif_msg=notif))
-            p.verdicts_due.add(rank.agent)
+            if not self.gate_only:
+                p.verdicts_due.add(rank.agent)
         p.ok_from = sorted(p.verdicts_due)
         p.state = "reading"
-        if self.stall > 0:
+        if self.stall > 0 and p.stalled:
             log.warning(
                 "req %s: stalling %g s after the prefix READ (injected)", p.req_id, self.stall
             )
             time.sleep(self.stall)
+
+    def _admit(self, p: Prefix, now: float) -> bool:
+        """The gate (I9) and D's greeting; whether the READ may go ahead."""
+        margin = self.config.safety_margin
+        if self.gate_only:  # vLLM's check: the deadline as known, no uncertainty
+            allowed = R.read_allowed(p.deadline, now, 0.0, 0.0, margin)
+        else:
+            allowed = p.gate.read_allowed(p.deadline, now=now, margin=margin)
+        if not allowed:
+            self.lose(p, "gate", f"{p.deadline - now:.2f} s left, margin {margin:g} s")
+            return False
+        if not self.gate_only and not all(a in self.greeted for a in p.agents):
+            wait = verdict_wait(self.config)
+            if now - p.since > wait:  # D is gone or gives no verdicts: do not hold the queue
+                self.lose(p, "lost", f"D's agents did not answer {wire.CAPABILITY} in {wait:g} s")
+            return False
+        p.admitted = True
+        p.stalled = (self.stall > 0 or self.stall_at_gate > 0) and self._stall_hits()
+        if self.stall_at_gate > 0 and p.stalled:
+            p.resume_at = now + self.stall_at_gate
+            self.tracker.untrack(p.req_id)  # P stops working on it: no heartbeat either
+            self.backend.trace.emit(
+                "stall", req=p.req_id, remote=p.lease_id, seconds=self.stall_at_gate
+            )
+            log.warning(
+                "req %s: the gate admitted its prefix read (%.2f s left); stalling it %g s "
+                "(injected)",
+                p.req_id,
+                p.deadline - now,
+                self.stall_at_gate,
+            )
+        return True
+
+    def _stall_hits(self) -> bool:
+        """Whether the injected stalls hit the read admitted now (``stalls`` counts down)."""
+        if self.stalls_left is None:
+            return True
+        if self.stalls_left <= 0:
+            return False
+        self.stalls_left -= 1
+        return True
 
     def _progress(self, p: Prefix, now: float) -> None:
         states = [self.backend.transfer_state(x) for x in p.transfers]
@@ -258,9 +323,10 @@ class PrefixReads:
         if p.state != "verifying" or p.verdicts_due:
             return
         p.state = "ok"
-        self.counts["prefix_verified"] += 1
+        outcome = "unverified" if self.gate_only else "verified"
+        self.counts[f"prefix_{outcome}"] += 1
         if self.metrics is not None:
-            self.metrics.prefix_reads.labels(outcome="verified").inc()
+            self.metrics.prefix_reads.labels(outcome=outcome).inc()
         self.backend.trace.emit(
             "use", req=p.req_id, kind="prefix", remote=p.lease_id, ok_from=p.ok_from
         )
@@ -277,7 +343,7 @@ class PrefixReads:
             return
         self._release_transfers(p)
         self.tracker.untrack(p.req_id)
-        if reason != "nack":  # D may still hold the lease: let it free the blocks now
+        if reason != "nack" and not self.gate_only:  # D may hold it: let D free the blocks now
             for agent in p.agents:
                 self.backend.send(agent, wire.encode_abort(p.lease_id))
         self._free_staging(p)
@@ -303,7 +369,8 @@ class PrefixReads:
         if not p.settled:
             self.lose(p, "lost", "the request ended before its prefix was read")
         self._free_staging(p)
-        return {"tokens": p.num_tokens, "verified": p.state == "ok", "recomputed": p.reason or None}
+        verified = p.state == "ok" and not self.gate_only
+        return {"tokens": p.num_tokens, "verified": verified, "recomputed": p.reason or None}
 
     # -- what D says ----------------------------------------------------------------------
     def verdict(self, sender: str, msg: wire.Message) -> bool:

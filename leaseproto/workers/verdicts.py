@@ -15,6 +15,7 @@ from collections.abc import Iterable
 
 from ..core import wire
 from ..core.events import LateTransfer, Release, TransferCounted
+from ..core.push import DISCARD, IGNORE, USE, WAIT  # what D does with a verdict (take_verdict)
 from ..core.table import LeaseTable
 
 __all__ = [
@@ -29,9 +30,6 @@ __all__ = [
     "take_verdict",
     "transfer_done",
 ]
-
-#: what a decode rank does with one verdict (:func:`take_verdict`)
-IGNORE, WAIT, USE, DISCARD = "ignore", "wait", "use", "discard"
 
 
 # -- P: the answers -------------------------------------------------------------------------

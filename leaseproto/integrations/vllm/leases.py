@@ -17,7 +17,8 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator, Mapping, MutableMapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
+from typing import Any
 
 from leaseproto import (
     LateTransfer,
@@ -71,9 +72,17 @@ class WorkerLeases:
         self._last = t
         return t
 
-    def grant_until(self, req_id: str, deadline: float, *, now: float | None = None) -> None:
+    def grant_until(
+        self,
+        req_id: str,
+        deadline: float,
+        *,
+        now: float | None = None,
+        writers: Sequence[str] | None = None,
+    ) -> None:
         """Grant ``req_id`` a lease ending at ``deadline`` (worker clock). A live
-        lease for the id is replaced (vLLM overwrites its map entry)."""
+        lease for the id is replaced (vLLM overwrites its map entry).
+        ``writers``: traced with the grant (push mode's registrations)."""
         t = self.now() if now is None else now
         if req_id in self.table:
             self.abort(req_id, now=t)
@@ -91,6 +100,7 @@ class WorkerLeases:
         self.granted += 1
         if self.trace.enabled:
             left = self.table.deadline(req_id)
+            named: dict[str, Any] = {} if writers is None else {"writers": list(writers)}
             # the lease began when vLLM's scheduler stamped it: the grant is its rest
             self.trace.emit(
                 "grant",
@@ -100,6 +110,7 @@ class WorkerLeases:
                 lease=None if left is None else left - t,
                 rebased=True,
                 kind=self.grant_kind,
+                **named,
             )
         if release is not None:  # staged early notifications completed it at once
             self.trace.release(release, 0)

@@ -117,9 +117,7 @@ class NotificationHandling:
         elif isinstance(msg, wire.Abort):
             lp = self._leases()
             now = lp.now()
-            if msg.req_id in lp.table and not self._bindings().admit(
-                msg.req_id, agent, now=now, act="abort"
-            ):
+            if msg.req_id in lp.table and not self._admit(msg.req_id, agent, now=now, act="abort"):
                 self._handled(agent, raw, now, (msg.req_id,))
                 self._foreign("abort", msg.req_id, agent)
                 return
@@ -135,13 +133,21 @@ class NotificationHandling:
             self._drops().drop("not a message for P", f"{type(msg).__name__} from {agent}")
 
     def _handled(
-        self, agent: str, raw: bytes, now: float | None = None, refused: tuple[str, ...] = ()
+        self,
+        agent: str,
+        raw: bytes,
+        now: float | None = None,
+        refused: tuple[str, ...] = (),
+        **extra: Any,
     ) -> None:
         """Trace the notification P hands its lease table now, with the ids it
-        refused (bound to other agents), before what it does (check-trace)."""
+        refused (bound to other agents), before what it does (check-trace).
+        ``extra``: how the table reads it where that is not the bytes alone
+        (push mode: ``ids`` a heartbeat's ids resolved to, ``readers``)."""
         trace = self._leases().trace
         if trace.enabled:
-            extra: dict[str, Any] = {"refused": list(refused)} if refused else {}
+            if refused:
+                extra["refused"] = list(refused)
             t = self._leases().now() if now is None else now
             trace.emit("handle", now=t, src=agent, data=text(bytes(raw)), **extra)
 
@@ -168,6 +174,19 @@ class NotificationHandling:
             "kv_load_failure_policy=recompute)",
         )
 
+    # -- hooks (push mode's worker overrides them) -----------------------------------------------
+    def _admit(self, req_id: str, agent: str, *, now: float, act: str, readers: int = 1) -> bool:
+        """May ``agent`` do ``act`` for the lease ``req_id``? (leases bound to their reader)"""
+        return self._bindings().admit(req_id, agent, now=now, act=act, readers=readers)
+
+    def _answers_to(self, agent: str) -> bool:
+        """Whether ``agent`` said it understands our answers (``LL:``, verdicts)."""
+        return agent in self._greeters()
+
+    def _lease_ids(self, ids: tuple[str, ...]) -> tuple[str, ...]:
+        """The lease ids a heartbeat's ids name (push mode's P: by base id too)."""
+        return ids
+
     # -- P: heartbeats, transfer-dones --------------------------------------------------------
     def _handle_heartbeat(self, payload: str) -> None:
         """vLLM's entry point (its tests call it): a heartbeat of no known sender."""
@@ -185,13 +204,14 @@ class NotificationHandling:
     ) -> None:
         lp = self._leases()
         now = lp.now()
+        named = ids
+        ids = mapped = self._lease_ids(ids)
         foreign: list[str] = []
         if agent is not None:
-            bindings = self._bindings()
             foreign = [
                 r
                 for r in ids
-                if r in lp.table and not bindings.admit(r, agent, now=now, act="heartbeat")
+                if r in lp.table and not self._admit(r, agent, now=now, act="heartbeat")
             ]
             if foreign:
                 self._foreign("heartbeat", foreign[0], agent, len(foreign))
@@ -200,14 +220,15 @@ class NotificationHandling:
         before = lp.table.stats
         lost: list[str] = []
         if agent is not None and raw is not None:
-            self._handled(agent, raw, now, tuple(foreign))
+            resolved = {"ids": list(mapped)} if mapped != named else {}
+            self._handled(agent, raw, now, tuple(foreign), **resolved)
         renewed = lp.table.renew(ids, now=now, lost=lost)
         if lp.trace.enabled and agent is not None and ids:
             left = {rid: lp.table.deadline(rid) for rid in ids}
             lp.trace.emit(
                 "renew", now=now, leases={r: d - now for r, d in left.items() if d is not None}
             )
-        if agent is not None and agent in self._greeters():
+        if agent is not None and self._answers_to(agent):
             for rid in lost:  # advisory: D may give up early; a verdict still decides
                 self._answer(agent, wire.lease_lost(rid, lp.table.lost_reason(rid, now=now)))
         after = lp.table.stats
@@ -234,7 +255,7 @@ class NotificationHandling:
         if (
             known
             and agent is not None
-            and not self._bindings().admit(req_id, agent, now=now, act="transfer", readers=readers)
+            and not self._admit(req_id, agent, now=now, act="transfer", readers=readers)
         ):
             if raw is not None:
                 self._handled(agent, raw, now, (req_id,))
@@ -244,7 +265,7 @@ class NotificationHandling:
             self._handled(agent, raw, now)
         result = lp.transfer_done(req_id, readers, now=now) if known else None
         answer: wire.Message | None = None
-        if agent is not None and agent in self._greeters():
+        if agent is not None and self._answers_to(agent):
             if known and result is None:  # early: staged, answered when the grant settles it
                 self.__dict__.setdefault("_lp_early", {}).setdefault(req_id, []).append(agent)
             else:

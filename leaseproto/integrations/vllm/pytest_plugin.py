@@ -5,7 +5,11 @@ rebinds vLLM's NIXL scheduler and worker names (the ``nixl`` package,
 ``nixl.scheduler``, ``nixl.worker`` and the pull classes ``nixl.connector``
 builds) to :class:`LeaseprotoConnectorScheduler` / :class:`LeaseprotoConnectorWorker`
 before any test module is imported, so every test, including those that start a
-real in-process engine with ``NixlConnector``, exercises our lease code.
+real in-process engine with ``NixlConnector``, exercises our lease code. The
+push classes (``nixl.push_scheduler``, ``nixl.push_worker`` and those
+``nixl.connector`` builds for ``NixlPushConnector``) are rebound to
+:class:`LeaseprotoPushConnectorScheduler` / :class:`LeaseprotoPushConnectorWorker`
+the same way.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ __all__ = ["SWAPPED", "install"]
 
 _NIXL = "vllm.distributed.kv_transfer.kv_connector.v1.nixl"
 
-#: module -> names rebound there: (name, "scheduler" | "worker")
+#: module -> names rebound there: (name, "scheduler" | "worker" | "push_scheduler" | "push_worker")
 SWAPPED: dict[str, tuple[tuple[str, str], ...]] = {
     _NIXL: (
         ("NixlConnectorScheduler", "scheduler"),
@@ -33,18 +37,26 @@ SWAPPED: dict[str, tuple[tuple[str, str], ...]] = {
     _NIXL + ".connector": (
         ("NixlPullConnectorScheduler", "scheduler"),
         ("NixlPullConnectorWorker", "worker"),
+        ("NixlPushConnectorScheduler", "push_scheduler"),
+        ("NixlPushConnectorWorker", "push_worker"),
     ),
+    _NIXL + ".push_scheduler": (("NixlPushConnectorScheduler", "push_scheduler"),),
+    _NIXL + ".push_worker": (("NixlPushConnectorWorker", "push_worker"),),
 }
 
 
 def install() -> dict[str, type]:
     """Rebind the names; returns the classes now bound. Idempotent."""
+    from .push_scheduler import LeaseprotoPushConnectorScheduler
+    from .push_worker import LeaseprotoPushConnectorWorker
     from .scheduler import LeaseprotoConnectorScheduler
     from .worker import LeaseprotoConnectorWorker
 
     ours: dict[str, type] = {
         "scheduler": LeaseprotoConnectorScheduler,
         "worker": LeaseprotoConnectorWorker,
+        "push_scheduler": LeaseprotoPushConnectorScheduler,
+        "push_worker": LeaseprotoPushConnectorWorker,
     }
     for module_name, names in SWAPPED.items():
         module = importlib.import_module(module_name)

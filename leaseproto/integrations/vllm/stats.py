@@ -104,6 +104,45 @@ COUNTERS: dict[str, tuple[str, str]] = {
         "vllm:leaseproto_decoders_forgotten",
         "Silent decode agents whose NIXL metadata P removed.",
     ),
+    # push mode (LeaseprotoPushConnector)
+    "lp_push_writes_verified": (
+        "vllm:leaseproto_push_writes_verified",
+        "Pushed KV D used: the WRITE completed while its registration was live (D).",
+    ),
+    "lp_push_recv_failed": (
+        "vllm:leaseproto_push_recv_failed",
+        "Push receives D failed (recomputed): registration expired, aborted or its WRITE late (D).",
+    ),
+    "lp_push_quarantined": (
+        "vllm:leaseproto_push_quarantined",
+        "Registrations that ended without their WRITE while a leaseproto P might still write: "
+        "blocks held until each writer completes, aborts or is forgotten (D).",
+    ),
+    "lp_push_writers_forgotten": (
+        "vllm:leaseproto_push_writers_forgotten",
+        "P agents D forgot while a registration waited for them: gone from its connections, "
+        "a send failed, or silent past the bound (D).",
+    ),
+    "lp_push_writes_refused": (
+        "vllm:leaseproto_push_writes_refused",
+        "WRITE completions after the registration ended: not used (D), or NK from D (P).",
+    ),
+    "lp_push_writes_done": (
+        "vllm:leaseproto_push_writes_done",
+        "Leases P ended because its WRITE into D completed (P).",
+    ),
+    "lp_push_writes_confirmed": (
+        "vllm:leaseproto_push_writes_confirmed",
+        "OK verdicts from D for P's WRITEs (P).",
+    ),
+    "lp_push_aborts_sent": (
+        "vllm:leaseproto_push_aborts_sent",
+        "AB: sent to D for registrations P will not write (P).",
+    ),
+    "lp_push_lease_lost": (
+        "vllm:leaseproto_push_lease_lost",
+        "LL: from D for a registration P renewed (P).",
+    ),
 }
 
 

@@ -9,7 +9,7 @@ validates a real vLLM P/D run as it does ours:
 * both sides: ``recv`` (every notification NIXL delivered, as plaintext),
   ``send`` (every notification sent, vLLM's own included: the agent is
   wrapped by :class:`TracedNixl`), ``read`` (a READ and the transfer-done NIXL
-  delivers after it);
+  delivers after it), ``write`` (push mode: a WRITE and its completion);
 * P: ``grant``, ``handle``, ``renew``, ``expire``, ``release``, ``abort_req``,
   ``forget``, as the prefill worker writes them. A grant's ``lease`` is the
   time left on the worker clock; ``rebased: true`` says the lease was stamped
@@ -55,9 +55,19 @@ def trace_dir(extra: Any) -> Path | None:
 
 
 def open_connector_trace(
-    extra: Any, *, producer: bool, engine: str, rank: int, tp: int, agent: str, config: LeaseConfig
+    extra: Any,
+    *,
+    producer: bool,
+    engine: str,
+    rank: int,
+    tp: int,
+    agent: str,
+    config: LeaseConfig,
+    trace_config: dict[str, Any] | None = None,
 ) -> NoTrace:
     """This worker's trace in ``trace_dir`` (created), or NO_TRACE without one.
+    ``trace_config``: settings beside ``config`` the header's ``config`` carries
+    (push mode: ``push_registration_timeout``, the initial lease of D's grants).
 
     Raises:
         ValueError: ``trace_dir`` is not a string.
@@ -79,6 +89,7 @@ def open_connector_trace(
         agent=agent,
         config=config,
         policy="lease",
+        more_config=trace_config,
         verify_reads=True,
         connector="LeaseprotoConnector",
     )
@@ -88,18 +99,20 @@ class TracedNixl:
     """vLLM's NIXL agent (or :class:`~.sealing.SealedNixl` around it) with every
     notification sent and received written to ``trace``. ``read_to`` names the
     P agent of the READ being posted (set by the worker around vLLM's
-    ``_read_blocks``): its ``notif_msg`` is the transfer-done of a ``read``."""
+    ``_read_blocks``): its ``notif_msg`` is the transfer-done of a ``read``
+    (``xfer_ev``: ``write`` for push mode's WRITE and its completion)."""
 
     def __init__(self, inner: Any, trace: NoTrace) -> None:
         object.__setattr__(self, "inner", inner)
         object.__setattr__(self, "trace", trace)
         object.__setattr__(self, "read_to", None)
+        object.__setattr__(self, "xfer_ev", "read")
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name in ("inner", "trace", "read_to"):
+        if name in ("inner", "trace", "read_to", "xfer_ev"):
             object.__setattr__(self, name, value)
         else:
             setattr(self.inner, name, value)
@@ -125,5 +138,5 @@ class TracedNixl:
         handle = self.inner.make_prepped_xfer(*args, **kw)
         msg = kw.get("notif_msg")
         if msg and self.read_to is not None:
-            self.trace.emit("read", stamp=made_at, to=self.read_to, data=text(bytes(msg)))
+            self.trace.emit(self.xfer_ev, stamp=made_at, to=self.read_to, data=text(bytes(msg)))
         return handle

@@ -1,5 +1,6 @@
 """A client of the router that submits many requests without blocking and
-collects the answers (for :mod:`.cluster`, ``leaseproto demo`` and the tests)."""
+collects the answers (``leaseproto generate``, :mod:`.cluster`, ``leaseproto
+demo`` and the tests)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from typing import Any
 
 import zmq
 
-from .keys import CurveKeys
-from .plane import Msg, decode, encode
+from ..workers.keys import CurveKeys
+from ..workers.plane import Msg, decode, encode
 
 __all__ = ["RouterClient"]
 

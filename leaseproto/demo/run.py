@@ -14,6 +14,13 @@ process, KV moved by NIXL READs) on a compressed timescale, and runs:
    no renewals, no NACK; what a naive deployment does). Expected: leases
    expire while requests wait, P sees late transfer notifications, and some
    outputs differ from the reference (D read blocks P had freed and reused).
+4. **turns, verified** and 5. **turns, gate-only** (:mod:`.turns`): two-turn
+   conversations whose turn 2 reaches P's read later than D's cached lease,
+   queued behind a read the gate admitted and P then stalled on past D's
+   deadline while D reused the blocks. Expected: ours keeps the queued turns'
+   blocks by P's heartbeats and recomputes the stalled one on D's NK (every
+   output identical); vLLM's gate-only reads recompute the queued ones (the
+   gate) and use the stalled one from reused blocks (its output differs; I14).
 
 Every figure is measured on this run; nothing is assumed.
 """
@@ -25,72 +32,21 @@ import random
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..core.config import LeaseConfig
-from .cluster import Cluster, ClusterSpec
-from .demo_view import DemoDisplay, surge_status
+from ..harness.cluster import Cluster, ClusterSpec
+from .settings import DemoSettings, PhaseResult
+from .summary import header, table, turns_table, turns_verdict, verdict
+from .turns import TurnsResult, converse, stall_s, trace_fates, turn_spec
+from .view import DemoDisplay, surge_status
 
 __all__ = ["DemoSettings", "PhaseResult", "run_demo"]
 
 
-@dataclass
-class DemoSettings:
-    device: str = "cpu"
-    kv_lease_duration: float = 3.0
-    #: requests in the first wave of a surge, then ``wave`` more per second
-    first_wave: int = 16
-    waves: int = 5
-    wave: int = 4
-    max_tokens: int = 12
-    prompt_len: int = 10
-    max_running: int = 2
-    #: modelled forward-pass time of one D step (seconds)
-    d_step_time: float = 0.08
-    crash_requests: int = 10
-    seed: int = 1
-    log_dir: str | None = None
-    #: the lease phases run with this cluster key (the fixed-timeout phase cannot: it
-    #: has no greeting to open a sealed connection with)
-    cluster_key_file: str | None = None
-
-    @property
-    def heartbeat_interval(self) -> float:
-        return LeaseConfig(self.kv_lease_duration).heartbeat_interval
-
-    @property
-    def lease_extension(self) -> float:
-        return LeaseConfig(self.kv_lease_duration).lease_extension
-
-
-@dataclass
-class PhaseResult:
-    name: str
-    policy: str
-    requests: int = 0
-    answered: int = 0
-    identical: int = 0
-    differing: int = 0
-    failed: int = 0
-    recomputed: int = 0
-    leases_expired: int = 0
-    late_transfers: int = 0
-    nacks: int = 0
-    reclaim_s: float | None = None
-    reclaim_bound_s: float | None = None
-    blocks_leaked: int = 0
-    longest_wait_s: float = 0.0
-    #: reads used only after P's OK, and their mean wait for it (the cost of verified reads)
-    verified_reads: int = 0
-    verdict_wait_ms: float | None = None
-    seconds: float = 0.0
-    notes: list[str] = field(default_factory=list)
-
-
 def _prompts(settings: DemoSettings, n: int, salt: int) -> list[list[int]]:
-    from .backend import vocab_size  # noqa: PLC0415 - torch, on use
+    from ..workers.backend import vocab_size  # noqa: PLC0415 - torch, on use
 
     rng = random.Random(settings.seed * 1000 + salt)
     v = vocab_size()
@@ -246,8 +202,8 @@ def _crash(
 
 def run_demo(
     settings: DemoSettings, *, out: TextIO = sys.stdout, json_path: str | None = None
-) -> list[PhaseResult]:
-    from .backend import reference_tokens  # noqa: PLC0415 - torch, on use
+) -> tuple[list[PhaseResult], list[TurnsResult]]:
+    from ..workers.backend import reference_tokens  # noqa: PLC0415 - torch, on use
 
     progress = DemoDisplay(out)
 
@@ -262,7 +218,7 @@ def run_demo(
         finally:
             progress.end_status()
         result.seconds = time.monotonic() - start
-        progress.verdict(_verdict(result, settings))
+        progress.verdict(verdict(result, settings))
         results.append(result)
 
     n = settings.first_wave + settings.waves * settings.wave
@@ -273,7 +229,7 @@ def run_demo(
     # P's pool holds one surge (all of it may wait on D at once), and no more
     p_blocks = n * -(-settings.prompt_len // ClusterSpec.block_size) + 2
     results: list[PhaseResult] = []
-    progress.line(_header(settings))
+    progress.line(header(settings))
     t0 = time.monotonic()
     progress.line("starting a router, a prefill and a decode worker (lease policy)...")
     with Cluster(_spec(settings, "lease", p_blocks), log_dir=_sub(settings, "lease")) as cluster:
@@ -296,8 +252,16 @@ def run_demo(
             "the same " + surge,
         )
     traces["fixed"] = _trace_line(progress, cluster, "fixed")
+    turns = [
+        _turns(settings, progress, name, reads, traces)
+        for name, reads in (("4 turns", "verified"), ("5 turns", "gate-only"))
+        if settings.conversations > 0
+    ]
     progress.line("")
-    progress.table(*_table(results))
+    progress.table(*table(results))
+    if turns:
+        progress.line("")
+        progress.table(*turns_table(turns))
     progress.line(f"total {time.monotonic() - t0:.1f} s")
     if json_path is not None:
         Path(json_path).write_text(
@@ -309,20 +273,49 @@ def run_demo(
                         "lease_extension": settings.lease_extension,
                     },
                     "phases": [asdict(r) for r in results],
+                    "turns": [asdict(r) for r in turns],
                     "trace_check": traces,
                 },
                 indent=2,
             )
         )
-    return results
+    return results, turns
 
 
-def _header(settings: DemoSettings) -> str:
-    return (
-        f"leaseproto demo: kv_lease_duration {settings.kv_lease_duration:g} s, heartbeat "
-        f"every {settings.heartbeat_interval:g} s, lease extension "
-        f"{settings.lease_extension:g} s, device {settings.device}"
+def _turns(
+    settings: DemoSettings,
+    progress: DemoDisplay,
+    name: str,
+    reads: str,
+    traces: dict[str, dict[str, Any]],
+) -> TurnsResult:
+    """A multi-turn phase (:mod:`.turns`) on its own workers; its verdict
+    comes after the traces are checked, since some of its figures are in them."""
+    result = TurnsResult(name, reads, ttl_s=settings.turn_ttl, stall_s=stall_s(settings))
+    how = (
+        "P heartbeats D's cached turns and uses a prefix only after D's OK"
+        if reads == "verified"
+        else "as vLLM 0.32: no heartbeats, only the time gate, the prefix used as read"
     )
+    progress.line(f"restarting the workers with --turn-reads {reads} ({how})...")
+    spec = turn_spec(settings, reads)
+    with Cluster(spec, log_dir=_sub(settings, f"turns-{reads}")) as cluster:
+        progress.line(
+            f"phase {name}: {settings.conversations} two-turn conversations, D's cached turns "
+            f"held {settings.turn_ttl:g} s; P stalls {result.stall_s:g} s on the first turn-2 "
+            "read the gate admits, the others queue behind it"
+        )
+        start = time.monotonic()
+        try:
+            converse(cluster, settings, result, progress)
+        finally:
+            progress.end_status()
+        result.seconds = time.monotonic() - start
+        report = traces[f"turns-{reads}"] = _trace_line(progress, cluster, f"{reads} turn-2")
+        trace_fates(cluster.traces, result, settings.turn_ttl)
+        result.violations_i14 = int(report.get("by_invariant", {}).get("I14", 0))
+    progress.verdict(turns_verdict(result))
+    return result
 
 
 def _trace_line(progress: DemoDisplay, cluster: Cluster, policy: str) -> dict[str, Any]:
@@ -342,61 +335,5 @@ def _trace_line(progress: DemoDisplay, cluster: Cluster, policy: str) -> dict[st
     return r
 
 
-def _verdict(r: PhaseResult, settings: DemoSettings) -> str:
-    if r.reclaim_bound_s is not None:
-        if r.reclaim_s is None:
-            return "no reclaim time measured (" + "; ".join(r.notes) + ")"
-        within = "within" if r.reclaim_s <= r.reclaim_bound_s else "OVER"
-        return (
-            f"P freed every block {r.reclaim_s:.2f} s after the kill ({within} the bound "
-            f"lease_extension + heartbeat_interval = {r.reclaim_bound_s:.2f} s); "
-            f"{r.blocks_leaked} blocks leaked"
-        )
-    waited = r.longest_wait_s / settings.kv_lease_duration
-    verified = (
-        f"; {r.verified_reads} reads used after P's OK (mean wait {r.verdict_wait_ms:.1f} ms "
-        f"after the READ), {r.recomputed} recomputed"
-        if r.verdict_wait_ms is not None
-        else f"; reads used unverified, {r.recomputed} recomputed"
-    )
-    return (
-        f"{r.identical}/{r.requests} outputs identical to the reference, {r.differing} "
-        f"different, {r.failed} failed; {r.leases_expired} leases expired, "
-        f"{r.late_transfers} late transfer notifications; longest wait "
-        f"{r.longest_wait_s:.1f} s ({waited:.1f} initial leases){verified}"
-    )
-
-
 def _sub(settings: DemoSettings, name: str) -> Path | None:
     return None if settings.log_dir is None else Path(settings.log_dir) / name
-
-
-def _table(results: list[PhaseResult]) -> tuple[list[str], list[list[str]], list[str]]:
-    """The summary table: its head, rows and notes."""
-    head = [
-        "phase",
-        "policy",
-        "requests",
-        "identical",
-        "expired",
-        "late\nxfers",
-        "reclaim\ns",
-        "bound\ns",
-        "leaked",
-    ]
-    rows = [
-        [
-            r.name,
-            r.policy,
-            str(r.requests),
-            "-" if r.name.startswith("2") else f"{r.identical}/{r.requests}",
-            str(r.leases_expired),
-            str(r.late_transfers),
-            "-" if r.reclaim_s is None else f"{r.reclaim_s:.2f}",
-            "-" if r.reclaim_bound_s is None else f"{r.reclaim_bound_s:.2f}",
-            str(r.blocks_leaked),
-        ]
-        for r in results
-    ]
-    notes = [f"  {r.name}: {note}" for r in results for note in r.notes]
-    return head, rows, notes

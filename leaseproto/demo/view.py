@@ -22,7 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from rich.table import Column, Table
 from rich.text import Text
 
-__all__ = ["DemoDisplay", "surge_status", "wrap"]
+__all__ = ["DemoDisplay", "surge_status", "turns_status", "wrap"]
 
 #: Seconds between two status lines when the output is not a terminal.
 PLAIN_EVERY_S = 2.0
@@ -58,6 +58,17 @@ def surge_status(d: Mapping[str, Any], p: Mapping[str, Any]) -> str:
         f"answered | expired {t.get('released_expired')} late {t.get('late_transfers')} | "
         f"P holds {p.get('blocks_held')} blocks | D waiting {d.get('waiting')} "
         f"running {d.get('running')}"
+    )
+
+
+def turns_status(d: Mapping[str, Any], p: Mapping[str, Any]) -> str:
+    """The figures of a multi-turn phase, after its ``done/total`` count: D's
+    cached turns (how many expired), then P's queue and its heartbeats to D."""
+    t = d.get("turn_table", {})
+    return (
+        f"done | D turns {d.get('turn_leases_live')} held {t.get('released_expired')} "
+        f"expired | P queue {p.get('queued')}, {p.get('prefix_heartbeats_sent')} heartbeats "
+        f"to D | D waiting {d.get('waiting')}"
     )
 
 

@@ -1,8 +1,10 @@
-"""The state a replay runs on (spec §12): the ranks of each P engine with their
-real :class:`~leaseproto.LeaseTable`, D's real :class:`~leaseproto.HeartbeatTracker`,
-the virtual timeline and its message queue, and what happened so far as
-:class:`Event` values. :mod:`.replay` drives it line by line and :mod:`.expect`
-reads it; owns no clock: each side's ``now`` is its clock's reading at ``t``.
+"""The state a replay runs on (spec §12): the ranks of each grantor engine with
+their real :class:`~leaseproto.LeaseTable`, the reader's real
+:class:`~leaseproto.HeartbeatTracker`, the virtual timeline and its message
+queue, and what happened so far as :class:`Event` values. :mod:`.replay` drives
+it line by line and :mod:`.expect` reads it; owns no clock: each side's ``now``
+is its clock's reading at ``t``. The grantor is P, or D in a mirrored world
+(header ``"grantor": "D"``, spec §2.8): ``G`` and ``R`` name the two sides.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 from ..core.events import Release
 from ..core.table import LeaseTable
 from ..core.tracker import HeartbeatTracker
-from .format import Engine, Scenario, ScenarioError
+from .format import MIRRORED, Engine, Scenario, ScenarioError
 
 __all__ = ["TOL", "Event", "Rank", "ReplayResult", "World"]
 
@@ -58,6 +60,11 @@ class Rank:
         self.releases: dict[str, tuple[str, float]] = {}
         self.nacks: list[str] = []
         self.malformed = 0
+        #: per lease: the deadline exported at the grant, the verdict on the last
+        #: transfer-done handled, the instant ``t`` of its release
+        self.exported: dict[str, float] = {}
+        self.verdicts: dict[str, str] = {}
+        self.freed_t: dict[str, float] = {}
 
 
 def fmt(x: float | None) -> str:
@@ -74,6 +81,8 @@ class World:
         h = scenario.header
         self.h = h
         self.cfg = h.config
+        self.G = h.grantor
+        self.R = "P" if h.grantor == "D" else "D"
         self.clock = {side: (rate, off) for side, rate, off in h.clocks}
         self.ranks: dict[str, list[Rank]] = {}
         for e in h.engines:
@@ -88,6 +97,10 @@ class World:
         self.handshake_done: dict[str, float] = {}
         self.events: list[Event] = []
         self.result = ReplayResult(h.name, self.events)
+        #: when the reader sent each transfer-done (its READ had completed then), and
+        #: what each ``use`` line found
+        self.read_done: dict[str, float] = {}
+        self.uses: dict[str, list[str]] = {}
         self.queue: list[tuple[float, int, int, int, Any]] = []  # t, prio, line, seq, item
         self.seq = itertools.count()
         for op in scenario.ops:
@@ -99,13 +112,20 @@ class World:
     def _push(self, t: float, prio: int, order: int, item: Any) -> None:
         heapq.heappush(self.queue, (t, prio, order, next(self.seq), item))
 
-    def _now(self, side: str) -> float:
+    def _now(self, side: str, t: float | None = None) -> float:
+        """``side``'s clock at ``t`` (default: now)."""
         rate, off = self.clock[side]
-        return off + rate * self.t
+        return off + rate * (self.t if t is None else t)
+
+    def written(self, name: str) -> str:
+        """An op or ``expect`` name as this world's scenarios write it."""
+        if self.G != "D":
+            return name
+        return next((k for k, v in MIRRORED.items() if v == name), name)
 
     def _emit(self, where: str, kind: str, text: str, **data: Any) -> None:
-        if where.startswith("P") and self.clock["P"] != (1.0, 0.0) and where in self._names():
-            text += f"  [P clock {self._now('P'):.3f}]"
+        if self.clock[self.G] != (1.0, 0.0) and where in self._names():
+            text += f"  [{self.G} clock {self._now(self.G):.3f}]"
         self.events.append(Event(self.t, where, kind, text, self.line, data))
 
     def _names(self) -> set[str]:
@@ -121,12 +141,14 @@ class World:
         if self.tracker is None:
             raise ScenarioError(
                 self.line,
-                f"D is down (crashed at line {self.crashed_at}); add a d_restart line first",
+                f"{self.R} is down (crashed at line {self.crashed_at}); add a "
+                f"{self.written('d_restart')} line first",
             )
         return self.tracker
 
     def _release(self, rank: Rank, rel: Release, how: str = "") -> None:
         rank.releases[rel.req_id] = (rel.reason.value, rel.at)
+        rank.freed_t[rel.req_id] = self.t
         self._emit(
             rank.name,
             "release",

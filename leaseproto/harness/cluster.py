@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ..core.config import LeaseConfig
+from ..workers.keys import CurveKeys, curve, load_cluster_key
+from ..workers.plane import Msg, call
 from .client import RouterClient
-from .keys import CurveKeys, curve, load_cluster_key
-from .plane import Msg, call
 
 __all__ = ["Cluster", "ClusterSpec", "RouterClient", "TraceViolation", "Worker"]
 
