@@ -112,7 +112,8 @@ class Timed:
         t2 = thread_time_ns()
         self.renew_s.append((t1 - t0) * 1e-9)
         self.expire_s.append((t2 - t1) * 1e-9)
-        self.expired.append(sorted(r if isinstance(r, str) else r.req_id for r in out))
+        # the table's released ids (its Release records are built when read: not here)
+        self.expired.append(sorted(out if isinstance(out, list) else out.ids))
 
     def mean_step(self) -> float:
         return (sum(self.renew_s) + sum(self.expire_s)) / len(self.renew_s)

@@ -41,6 +41,7 @@ from typing import Any
 from _common import load, machine, table
 
 from leaseproto import HeartbeatTracker, LeaseConfig, LeaseTable, wire
+from leaseproto.core import renewal
 
 CFG = LeaseConfig()
 EXT = CFG.lease_extension
@@ -91,7 +92,15 @@ def _cpu(fn: Callable[[], object], units: int) -> float:
 
 
 # -- heartbeat handling on P --------------------------------------------------------------
-def heartbeat(bw: Any, max_bytes: int, n: int = 10_000, rounds: int = 5) -> Sidesets:
+def _no_renewals(*args: object) -> int:
+    return 0
+
+
+def heartbeat(
+    bw: Any, max_bytes: int, n: int = 10_000, rounds: int = 5, *, checks_only: bool = False
+) -> Sidesets:
+    """``checks_only``: ours without the renewals themselves (``renewal.renew_ids``
+    answers 0): what the call, the decode, the lookups and the checks cost alone."""
     ids = ids_(n)
     msgs = wire.encode_heartbeat(ids, max_bytes=max_bytes)
     ours = LeaseTable(CFG)
@@ -105,10 +114,16 @@ def heartbeat(bw: Any, max_bytes: int, n: int = 10_000, rounds: int = 5) -> Side
     clock = iter(range(1, 1 << 30))
 
     def side_ours() -> None:
-        for _ in range(rounds):
-            now = next(clock) * 1e-3
-            for m in msgs:
-                ours.renew_heartbeat(m, now=now)
+        loop = renewal.renew_ids
+        if checks_only:
+            renewal.renew_ids = _no_renewals  # type: ignore[assignment]
+        try:
+            for _ in range(rounds):
+                now = next(clock) * 1e-3
+                for m in msgs:
+                    ours.renew_heartbeat(m, now=now)
+        finally:
+            renewal.renew_ids = loop
 
     def side_vllm() -> None:
         for _ in range(rounds):
@@ -203,6 +218,11 @@ def due(calls: int = 20_000) -> Sidesets:
 def payloads(n: int, max_bytes: int, times: int = 200) -> Sidesets:
     ids = ids_(n)
     tr = HeartbeatTracker(CFG)
+    for k, rid in enumerate(ids):
+        tr.track(f"local-{k}", engine_id="p", remote_req_id=rid, now=0.0)
+    mine = tr.due(now=0.0)["p"]  # the list D's worker hands payloads(): an engine's ids
+    if mine != ids:
+        sys.exit("due() returned other ids")
     as_set = set(ids)
     hb = wire.HEARTBEAT_PREFIX
     room = max_bytes - len(hb)
@@ -229,7 +249,7 @@ def payloads(n: int, max_bytes: int, times: int = 200) -> Sidesets:
     def side_ours() -> None:
         p = tr.payloads
         for _ in range(times):
-            p(ids, max_bytes=max_bytes)
+            p(mine, max_bytes=max_bytes)
 
     def side_vllm() -> None:
         for _ in range(times):
@@ -355,20 +375,35 @@ def track(bs: Any, n: int = 10_000) -> Sidesets:
 
 
 # -- P: an expire burst -----------------------------------------------------------------------
-def expire(bw: Any, st: Any, live: int = 100_000, due_n: int = 10_000, *, spread: bool) -> Sidesets:
+def expire(
+    bw: Any,
+    st: Any,
+    live: int = 100_000,
+    due_n: int = 10_000,
+    *,
+    spread: bool,
+    records: bool = False,
+) -> Sidesets:
     """``due_n`` of ``live`` leases come due in one call; ``spread``: each at its own
-    deadline (granted at its own ``now``), else all at one."""
+    deadline (granted at its own ``now``), else all at one; ``records``: ours reads every
+    :class:`Release` (built when read), else the released ids."""
     ids = ids_(live)
     due_ids = ids[:: live // due_n][:due_n]
     due_set = set(due_ids)
 
     def side_ours() -> float:
+        # the leases that come due granted for kv_lease_duration (what P grants), the
+        # others for longer: P's workload, where a longer deadline is a renewed lease's
         t = LeaseTable(CFG)
         for i, rid in enumerate(ids):
-            t.grant(rid, now=i * 1e-6 if spread else 0.0, ttl=10.0 if rid in due_set else 1000.0)
+            now = i * 1e-6 if spread else 0.0
+            t.grant(rid, now=now, ttl=None if rid in due_set else 1000.0)
         out: list[Any] = []
-        cpu = _cpu(lambda: out.extend(t.expire(now=20.0)), due_n)
-        if len(out) != due_n:
+        if records:  # each Release read too
+            cpu = _cpu(lambda: out.extend(t.expire(now=CFG.kv_lease_duration + 1.0)), due_n)
+        else:  # the released ids, what vLLM's reaper gives its caller
+            cpu = _cpu(lambda: out.extend(t.expire(now=CFG.kv_lease_duration + 1.0).ids), due_n)
+        if len(out) != due_n or {getattr(r, "req_id", r) for r in out} != due_set:
             sys.exit("ours released the wrong leases")
         return cpu
 
@@ -438,8 +473,11 @@ def memory(n: int = 100_000, per_step: int = 1) -> dict[str, float]:
 
     def ours() -> object:
         t = LeaseTable(CFG)
+        now = 0.0
         for i, rid in enumerate(ids):
-            t.grant(rid, now=(i // per_step) * 1e-4)
+            if i % per_step == 0:  # P reads its clock once per step
+                now = (i // per_step) * 1e-4
+            t.grant(rid, now=now)
         return t
 
     def vllm() -> object:  # pull_worker.py 96 and 119 (start_load_kv)
@@ -495,6 +533,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     bw, bs, st = _vllm()
     rows: list[tuple[str, str, Callable[[], Sidesets]]] = [
         ("hb512", "heartbeat handling, 512 B messages (ns per id)", lambda: heartbeat(bw, 512)),
+        (
+            "hb512_checks",
+            "heartbeat handling, 512 B, ours without the renewals (ns per id; a limit)",
+            lambda: heartbeat(bw, 512, checks_only=True),
+        ),
         ("hb4k", "heartbeat handling, 4 KiB messages (ns per id)", lambda: heartbeat(bw, 4096)),
         (
             "hb1",
@@ -523,6 +566,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             "expire_spread",
             "expire burst, 10k of 100k, each its own deadline (ns per released lease)",
             lambda: expire(bw, st, spread=True),
+        ),
+        (
+            "expire_records",
+            "expire burst, one deadline, each `Release` read (ns per released lease)",
+            lambda: expire(bw, st, spread=False, records=True),
         ),
     ]
     wanted = set(filter(None, args.rows.split(",")))

@@ -33,8 +33,9 @@ from typing import Any
 
 import z3
 
-from leaseproto.core import renewal, table
+from leaseproto.core import deadlines, renewal, table
 from leaseproto.core import rules as R
+from leaseproto.core.lease import Lease
 
 SYSTEM = "loops"
 ENDED = (R.TRANSFERRED, R.EXPIRED, R.ABORTED)
@@ -141,16 +142,6 @@ def _number(kind: str, name: str) -> Any:
     return z3.Real(name) if kind == "real" else z3.FP(name, z3.Float64())
 
 
-class _Lease:
-    """What the loops read and write of a :class:`~leaseproto.core.lease.Lease`."""
-
-    __slots__ = ("cap_at", "deadline", "last_renewal", "req_id", "state")
-
-    def __init__(self, req_id: str, state: Any, deadline: Any, cap_at: Any, last: Any) -> None:
-        self.req_id, self.state, self.deadline = req_id, state, deadline
-        self.cap_at, self.last_renewal = cap_at, last
-
-
 @dataclass
 class Check:
     """One obligation's formula: a disjunct per (case, path) that would differ from
@@ -170,13 +161,14 @@ KINDS = "abxu"
 
 def renew_check(kind: str, *, capped: bool, max_ids: int = 2) -> Check:
     """``renewal.renew_ids`` on every heartbeat of up to ``max_ids`` ids over
-    :data:`KINDS` (duplicates included), with and without ``lost``."""
+    :data:`KINDS` (duplicates included), with and without ``lost``, on the table's
+    own :class:`~leaseproto.core.lease.Lease` records holding symbolic times."""
 
     def n(name: str) -> Any:
         return _number(kind, name)
 
-    now, ext = n("now"), n("extension")
-    var = {k: (n(f"deadline_{k}"), n(f"cap_at_{k}"), n(f"last_renewal_{k}")) for k in "ab"}
+    now, ext, cap = n("now"), n("extension"), n("max_lease_lifetime")
+    var = {k: (n(f"deadline_{k}"), n(f"granted_at_{k}"), n(f"last_renewal_{k}")) for k in "ab"}
     tomb_state = z3.Int("tomb_state_x")
     other_deadline = n("deadline_x")  # what a rule is given for an id with no lease
     hyps = [z3.Or(*(tomb_state == s for s in ENDED))]
@@ -188,7 +180,7 @@ def renew_check(kind: str, *, capped: bool, max_ids: int = 2) -> Check:
             for with_lost in (True, False):
                 label = f"ids {','.join(ids)}{'' if with_lost else ', lost=None'}"
                 want = _renew_expected(
-                    ids, var, state, tomb_state, other_deadline, now, ext, capped
+                    ids, var, state, tomb_state, other_deadline, now, ext, cap if capped else None
                 )
                 paths = Paths()
 
@@ -196,7 +188,7 @@ def renew_check(kind: str, *, capped: bool, max_ids: int = 2) -> Check:
                     ids: tuple[str, ...] = ids, with_lost: bool = with_lost, paths: Paths = paths
                 ) -> Any:
                     return _renew_run(
-                        ids, var, state, tomb_state, now, ext, capped, with_lost, paths
+                        ids, var, tomb_state, now, ext, cap if capped else None, with_lost, paths
                     )
 
                 try:
@@ -211,21 +203,21 @@ def renew_check(kind: str, *, capped: bool, max_ids: int = 2) -> Check:
 def _renew_run(  # noqa: PLR0917
     ids: tuple[str, ...],
     var: dict[str, tuple[Any, Any, Any]],
-    state: dict[str, Any],
     tomb_state: Any,
     now: Any,
     ext: Any,
-    capped: bool,
+    cap: Any,
     with_lost: bool,
     paths: Paths,
 ) -> dict[str, Any]:
     def s(t: Any) -> Sym:
         return Sym(t, paths)
 
-    leases = {
-        k: _Lease(k, s(state[k]), s(d), s(c) if capped else None, s(last))
-        for k, (d, c, last) in var.items()
-    }
+    leases = {}
+    for k, (d, g, last) in var.items():
+        lease = Lease(k, s(g), s(d), seq=0)  # type: ignore[arg-type]
+        lease.last_renewal = s(last)  # type: ignore[assignment]
+        leases[k] = lease
     found = [leases.get(k) for k in ids]
     ended = {"x": (s(tomb_state), s(z3.Real("ended_at_x")))}
     lost: list[str] | None = [] if with_lost else None
@@ -233,7 +225,8 @@ def _renew_run(  # noqa: PLR0917
     every = all(found)
     # the product's loop, typed for floats, run as it is on symbolic values
     renew_ids: Any = renewal.renew_ids
-    renewed = renew_ids(list(ids), found, every, ended, s(now), s(ext), capped, lost, c)
+    limit = None if cap is None else s(cap)
+    renewed = renew_ids(list(ids), found, every, ended, s(now), s(ext), limit, lost, c)
     return {
         "renewed": renewed,
         "counters": dict(c),
@@ -251,9 +244,10 @@ def _renew_expected(  # noqa: PLR0917
     other_deadline: Any,
     now: Any,
     ext: Any,
-    capped: bool,
+    cap: Any,
 ) -> dict[str, Any]:
-    """The rules applied to each id in turn: what the loop must do."""
+    """The rules applied to each id in turn: what the loop must do (a lease's cap is
+    ``granted_at + max_lease_lifetime``, as ``grant`` computes it)."""
     deadline = {k: d for k, (d, _, _) in var.items()}
     last = {k: lr for k, (_, _, lr) in var.items()}
     renewed: list[Any] = []
@@ -261,11 +255,12 @@ def _renew_expected(  # noqa: PLR0917
     lost: list[tuple[str, Any]] = []
     for rid in ids:
         if rid in var:
-            st, d, cap = state[rid], deadline[rid], var[rid][1] if capped else None
+            st, d = state[rid], deadline[rid]
+            cap_at = None if cap is None else var[rid][1] + cap
         else:
             st = tomb_state if rid == "x" else R.ABSENT
-            d, cap = other_deadline, None
-        applies, new = R.renew_rule(st, d, cap, now, ext)
+            d, cap_at = other_deadline, None
+        applies, new = R.renew_rule(st, d, cap_at, now, ext)
         if rid in var:
             deadline[rid] = new
             last[rid] = z3.If(applies, now, last[rid])
@@ -355,6 +350,28 @@ def _expire_monotone(check: Check, kind: str, st: Any, later: Any, now: Any) -> 
         check.bad.append(("expire_end at an earlier deadline", bad))
 
 
+# -- the grants' order (spec §8.5) -----------------------------------------------------------
+def grants_check(kind: str) -> Check:
+    """``DeadlineQueue._granted_until``, the deadline a lease of the queue's list of
+    grants is taken at (by bisection: ``DeadlineQueue.grant`` keeps the list in the
+    order of these deadlines), run on z3 terms: it is the deadline ``grant`` gives
+    a lease granted for the default ttl, ``grant_deadline(granted_at, ttl)``."""
+    ttl, g = _number(kind, "ttl"), _number(kind, "granted_at")
+    check = Check([], [])
+    paths = Paths()
+
+    def run() -> Any:
+        queue = deadlines.DeadlineQueue(Sym(ttl, paths))  # type: ignore[arg-type]
+        return _term(queue._granted_until(Lease("a", Sym(g, paths), 0.0, seq=0)))  # type: ignore[arg-type]
+
+    try:
+        for pc, at in paths.runs(run):
+            check.bad.append(("grant_deadline", z3.And(pc, z3.Not(at == R.grant_deadline(g, ttl)))))
+    except Exception as exc:
+        check.error = f"_granted_until raised {type(exc).__name__}: {exc}"
+    return check
+
+
 # -- the obligations -----------------------------------------------------------------------
 def checks(only: str = "") -> list[tuple[str, Check]]:
     """Every check (those whose label contains ``only``), by its obligation's label;
@@ -373,6 +390,12 @@ def checks(only: str = "") -> list[tuple[str, Check]]:
             (
                 f"L14 expire_end = expire_due, expire_state ({kind})",
                 functools.partial(expire_check, kind),
+            )
+        )
+        todo.append(
+            (
+                f"L14 the grants' deadlines = grant_deadline ({kind})",
+                functools.partial(grants_check, kind),
             )
         )
     return [(label, build()) for label, build in todo if only in label]

@@ -41,6 +41,7 @@ import z3
 
 from leaseproto.core.config import LeaseConfig
 from leaseproto.core.errors import LocalProtocolError
+from leaseproto.core.events import Releases
 from leaseproto.core.table import LeaseTable, TableStats
 
 from .loops import Check
@@ -90,7 +91,8 @@ ND: Step = ("next_deadline", {})
 LRA: Step = ("lost_reason", {"now": 0.0})
 LRB: Step = ("lost_reason_b", {"now": 0.0})
 BUCKET = [f"c{k}" for k in range(9)]  # one deadline's bucket, reaped whole (>= 8)
-GC: Step = ("grant_many", {"ids": BUCKET})
+GC: Step = ("grant_many", {"ids": BUCKET})  # for the default ttl: the list of grants
+GCT: Step = ("grant_many", {"ids": BUCKET, "ttl": 9.0})  # another ttl: a calendar bucket
 
 
 def _hb(payload: bytes) -> Step:
@@ -139,6 +141,10 @@ SCENARIOS: list[tuple[str, LeaseConfig, list[Step]]] = [
     ("staging capacity and ttl", CONFIG, [TD, TDB, EX, G, GB]),
     ("tombstone capacity and ttl", CONFIG, [G, GB, AB, ABB, EX, TD, TDB, LRA]),
     ("expire tombstone then reuse id", CONFIG, [G, EX, TD, G, RA, EX]),
+    ("two grants renewed together, expire", CONFIG, [G, GB, RAB, EX, EX]),
+    ("two grants, one renewed, expire", CONFIG, [G, GB, RA, EX, EX]),
+    ("two short grants renewed together twice", CONFIG, [GT, GBT, RAB, EX, RAB, EX]),
+    ("two short grants, one renewed", CONFIG, [GT, GBT, RAB, RA, EX, EX]),
     ("capped renewals", CAPPED, [G, RA, RA, EX, RAB]),
     ("capped two leases, staged, expire", CAPPED, [TDB, GT, GB, RAB, EX, ND, EX]),
     ("capped aborts and late transfers", CAPPED, [G, GB, ABB, TDB, RA, EX, TD]),
@@ -161,11 +167,17 @@ SCENARIOS: list[tuple[str, LeaseConfig, list[Step]]] = [
         CONFIG,
         [GC, ("renew", {"ids": ["c3"]}), ("abort", {"id": "c5"}), EX, EX],
     ),
+    (
+        "a calendar bucket with a renewed and a stale entry",
+        CONFIG,
+        [GCT, ("renew", {"ids": ["c3"]}), ("abort", {"id": "c5"}), EX, EX],
+    ),
     ("a reused id's old entry is stale", CONFIG, [G, AB, G, LRA, EX, ND]),
     (
         "compaction keeps the live leases",
         CONFIG,
-        [G, ("churn", {"n": 1030, "now": 0.0}), EX],
+        # a lease in the list of grants (``a``) and one in the calendar (``b``)
+        [G, ("grant_b", {"ttl": 9.0}), ("churn", {"n": 1030, "now": 0.0}), EX],
     ),
     (
         "a first heartbeat at -inf is refused",
@@ -232,7 +244,7 @@ def _step(obj: Any, op: str, args: dict[str, Any], now: Any, model: bool) -> Any
         if name == "grant":
             return obj.grant(rid, now=now, **kw), None
         if name == "grant_many":
-            return [obj.grant(r, now=now) for r in args["ids"]], None
+            return [obj.grant(r, now=now, **kw) for r in args["ids"]], None
         if name == "renew":
             ids = args["ids"]
             given = (
@@ -250,7 +262,11 @@ def _step(obj: Any, op: str, args: dict[str, Any], now: Any, model: bool) -> Any
         if name == "abort":
             return obj.abort(rid, now=now), None
         if name == "expire":
-            return obj.expire(now=now), None
+            out = obj.expire(now=now)
+            # the table's Releases: the records it builds when read, and its ids (read
+            # without building them); the model's list: its records and their ids
+            ids = out.ids if isinstance(out, Releases) else [r.req_id for r in out]
+            return (list(out), list(ids)), None
         if name == "lost_reason":
             return obj.lost_reason(rid, now=now), None
         if name == "churn":

@@ -396,8 +396,8 @@ def test_p_is_checked_against_the_naive_model_not_its_own_table(
         monkeypatch,
         LeaseTable,
         "grant",
-        "lease.readers = int(staged[3]) or lease.consumers",
-        "lease.readers = lease.consumers",
+        "readers = int(staged[3]) or lease.consumers",
+        "readers = lease.consumers",
     )
     p, d = _staged_then_granted()
     report = check_files(_write(tmp_path, p, d))

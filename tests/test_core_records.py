@@ -39,7 +39,8 @@ def test_a_clock_and_the_tracker_s_engine_records_are_slotted() -> None:
     t = HeartbeatTracker(LeaseConfig())
     t.track("d1", engine_id="P0", now=0.0)
     (reqs,) = t._by_engine.values()
-    assert not hasattr(reqs, "__dict__") and reqs.engine == "P0" and reqs == {"d1": "d1"}
+    # remote id -> how many tracked requests name it
+    assert not hasattr(reqs, "__dict__") and reqs.engine == "P0" and reqs == {"d1": 1}
 
 
 def test_a_fresh_table_and_tracker_report_zero() -> None:

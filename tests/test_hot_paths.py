@@ -133,7 +133,9 @@ def test_renew_heartbeat_leaves_the_error_to_decode() -> None:
     )
 )
 def test_every_lease_in_the_live_map_is_granted(ops: list[tuple[str, str]]) -> None:
-    """The fact the renew loops rely on, and L14 (``proofs/loops.py``) assumes."""
+    """The fact the renew loops rely on, and L14 (``proofs/loops.py``) assumes; and
+    the one the deadline queue's C-speed paths rely on (a stale entry's record says
+    it ended)."""
     t = LeaseTable(LeaseConfig(kv_lease_duration=3.0, lease_extension=2.0))
     now = 0.0
     for op, rid in ops:
@@ -156,6 +158,13 @@ def test_every_lease_in_the_live_map_is_granted(ops: list[tuple[str, str]]) -> N
         assert all(lease.state == R.GRANTED for lease in t._leases.values())
         # and no live id has a tombstone (grant drops it): ending one appends its tombstone
         assert not t._ended.keys() & t._leases.keys()
+        # the deadline queue reads an entry as stale from its record's state (at C
+        # speed): exactly the entries of records no longer in the live map
+        entries = [lease for _, lease in t._queue.entries()]
+        assert [x.state == R.GRANTED for x in entries] == [
+            t._leases.get(x.req_id) is x for x in entries
+        ]
+        assert sorted(x.req_id for x in entries if x.state == R.GRANTED) == sorted(t._leases)
 
 
 # -- P's worker: the fused path against decoding every message -------------------------------
@@ -319,16 +328,18 @@ def test_tracker_payloads_are_encode_heartbeat_byte_for_byte(
         t.track(f"local-{k}", engine_id="p", remote_req_id=rid, now=0.0)
     due = t.due(now=0.0)
     sent = due.get("p", [])
-    assert sent == ids
-    try:
-        want: Any = wire.encode_heartbeat(sent, max_bytes=max_bytes)
-    except ValueError as exc:
-        want = ("ValueError", str(exc))
-    try:
-        got: Any = t.payloads(sent, max_bytes=max_bytes)
-    except ValueError as exc:
-        got = ("ValueError", str(exc))
-    assert got == want
+    assert sent == list(dict.fromkeys(ids))  # each once, in tracking order
+    # what due() returned (known to hold no repeats), and any list of checked ids
+    for given_ids in (sent, ids):
+        try:
+            want: Any = wire.encode_heartbeat(given_ids, max_bytes=max_bytes)
+        except ValueError as exc:
+            want = ("ValueError", str(exc))
+        try:
+            got: Any = t.payloads(given_ids, max_bytes=max_bytes)
+        except ValueError as exc:
+            got = ("ValueError", str(exc))
+        assert got == want
 
 
 def test_tracker_payloads_keep_a_last_message_that_fills_its_room_whole() -> None:

@@ -57,6 +57,9 @@ def test_unknown_is_a_failure() -> None:
     r = check.solve(hard, timeout_ms=50)
     assert not r.ok and r.answer == "unknown"
     assert "FAIL" in r.detail[0]
+    # each seed was tried before giving up, and an unknown from all of them still fails
+    assert len(check.RETRY_SEEDS) == 2
+    assert all(f"with seed {seed}" in r.detail[0] for seed in check.RETRY_SEEDS), r.detail
 
 
 def test_counterexamples_are_found_and_printed() -> None:

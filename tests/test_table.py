@@ -13,6 +13,7 @@ from leaseproto import (
     ReleaseReason,
     TransferCounted,
 )
+from leaseproto.core import rules as R
 from leaseproto.core.deadlines import DeadlineQueue
 from leaseproto.core.lease import Lease
 
@@ -269,6 +270,10 @@ def _check_queue(t: LeaseTable) -> None:
     entries = list(t._queue.entries())
     live = t._leases
     mine = [(d, lease) for d, lease in entries if live.get(lease.req_id) is lease]
+    # an entry is stale exactly when its lease ended (what the queue's C-speed paths read)
+    assert [lease.state == R.GRANTED for _, lease in entries] == [
+        live.get(lease.req_id) is lease for _, lease in entries
+    ]
     assert sorted(lease.req_id for _, lease in mine) == sorted(live)
     assert all(d <= lease.deadline for d, lease in mine)
     assert t._queue.stale == len(entries) - len(mine)

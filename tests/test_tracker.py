@@ -26,6 +26,25 @@ def test_batches_per_engine_with_remote_ids() -> None:
     assert t.remote_id("d3") == "p3" and t.engine_of("d2") == "P1"
 
 
+def test_two_requests_naming_one_remote_id_are_heartbeated_once_until_both_stop() -> None:
+    """Spec §7.2: duplicates are sent once, ids in tracking order; the heartbeat goes on
+    while any tracked request names the id. due()'s lists hold each id once, so
+    payloads() drops no repeats from them."""
+    t = HeartbeatTracker(CFG)
+    t.track("d1", engine_id="P0", remote_req_id="p1", now=0.0)
+    t.track("d2", engine_id="P0", remote_req_id="p2", now=0.0)
+    t.track("d3", engine_id="P0", remote_req_id="p1", now=0.0)
+    due = t.due(now=0.0)
+    assert due == {"P0": ["p1", "p2"]} and t.stats.heartbeat_ids == 2
+    assert t.payloads(due["P0"]) == [b"HB:p1,p2"]
+    assert t.requests("P0") == ["d1", "d2", "d3"] and t.remote_id("d3") == "p1"
+    t.untrack("d1")  # d3 still needs p1's lease
+    assert t.due(now=5.0) == {"P0": ["p1", "p2"]}
+    t.untrack("d3")
+    assert t.due(now=10.0) == {"P0": ["p2"]}
+    assert t.drop_engine("P0") == ["d2"] and t.engines() == [] and len(t) == 0
+
+
 def test_pending_engine_keeps_its_turn() -> None:
     t = HeartbeatTracker(CFG)
     t.track("d1", engine_id="P0", now=0.0)

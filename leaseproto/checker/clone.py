@@ -67,10 +67,8 @@ def clone_tracker(t: HeartbeatTracker) -> HeartbeatTracker:
     for name, value in vars(t).items():
         if name == "_by_engine":
             new._by_engine = by_engine
-        elif name == "_engine_of":  # shares its values with _by_engine
-            new._engine_of = {
-                rid: by_engine[v.engine] if hasattr(v, "engine") else v for rid, v in value.items()
-            }
+        elif name == "_engine_of":  # (its engine's requests in _by_engine, remote id)
+            new._engine_of = {rid: (by_engine[v[0].engine], v[1]) for rid, v in value.items()}
         elif isinstance(value, (dict, list, set)):
             setattr(new, name, type(value)(value))
         else:

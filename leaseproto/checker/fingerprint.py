@@ -42,12 +42,13 @@ def _rel(t: float | None, now: float, h: float) -> float | None:
 
 def table_fp(t: LeaseTable, now: float, h: float) -> tuple[Any, ...]:
     leases = t._leases
+    cap = t.config.max_lease_lifetime
     live = tuple(
         (
             rid,
             lease.state,
             _rel(lease.deadline, now, h),
-            _rel(lease.cap_at, now, h),
+            _rel(None if cap is None else lease.granted_at + cap, now, h),
             lease.consumers,
             getattr(lease, "readers", None),
             lease.done,
@@ -67,11 +68,13 @@ def table_fp(t: LeaseTable, now: float, h: float) -> tuple[Any, ...]:
 def tracker_fp(t: HeartbeatTracker, now: float, h: float) -> tuple[Any, ...]:
     v = vars(t)
     by_engine = tuple((e, tuple(reqs.items())) for e, reqs in v["_by_engine"].items())
+    # which local request names which remote id of which engine, in tracking order
+    engine_of = tuple((rid, reqs.engine, remote) for rid, (reqs, remote) in v["_engine_of"].items())
     last = tuple((e, _rel(x, now, h)) for e, x in v["_last_sent"].items())
     order = v.get("_order", {})
     ranks = tuple(sorted(order, key=order.__getitem__))  # the counter behind it only grows
     timers = tuple((k, _rel(v[k], now, h)) for k in ("_oldest", "_next_at", "_last_now") if k in v)
-    return by_engine, last, tuple(v.get("_unsent", ())), ranks, timers
+    return by_engine, engine_of, last, tuple(v.get("_unsent", ())), ranks, timers
 
 
 def clock_fp(c: ClockOffset, w: World_, h: float) -> tuple[Any, ...]:

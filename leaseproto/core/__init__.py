@@ -29,7 +29,7 @@ from . import wire
 from .clock import ClockOffset
 from .config import LeaseConfig
 from .errors import LeaseProtocolError, LocalProtocolError, RemoteProtocolError
-from .events import LateTransfer, Release, ReleaseReason, TransferCounted
+from .events import LateTransfer, Release, ReleaseReason, Releases, TransferCounted
 from .push import PushRegistrations
 from .state import TRANSITIONS, Guard, Input, LeaseState, Transition
 from .table import LeaseTable, TableStats
@@ -52,6 +52,7 @@ __all__ = [
     "PushRegistrations",
     "Release",
     "ReleaseReason",
+    "Releases",
     "RemoteProtocolError",
     "TableStats",
     "TrackerStats",

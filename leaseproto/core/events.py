@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from itertools import repeat
 from operator import attrgetter
-from typing import Any
+from typing import Any, overload
 
 __all__ = [
     "LateTransfer",
     "Release",
     "ReleaseReason",
+    "Releases",
     "TransferCounted",
     "make_releases",
 ]
@@ -71,6 +72,58 @@ def make_releases(leases: Sequence[Any], reason: ReleaseReason, at: float) -> li
     for name, get in _GET.items():
         _consume(map(_SET[name], out, map(get, leases)))
     return out
+
+
+class Releases(Sequence[Release]):
+    """The releases of one ``LeaseTable.expire`` call, in release order: a sequence of
+    :class:`Release` that builds them when one is first read (all at once, by
+    :func:`make_releases`), and equals the list of them. :attr:`ids` are the released
+    ids, at no cost: a caller that only frees blocks by id pays for no record (the
+    records a release is built from are those of ended leases, never written again).
+    """
+
+    __slots__ = ("_at", "_built", "_leases", "_reason", "ids")
+    __hash__ = None  # type: ignore[assignment]  # equals a list
+
+    def __init__(
+        self, leases: Sequence[Any], ids: list[str], reason: ReleaseReason, at: float
+    ) -> None:
+        self._leases = leases
+        #: the released ids, in release order
+        self.ids = ids
+        self._reason = reason
+        self._at = at
+        self._built: list[Release] | None = None
+
+    def _all(self) -> list[Release]:
+        built = self._built
+        if built is None:
+            built = self._built = make_releases(self._leases, self._reason, self._at)
+            self._leases = ()
+        return built
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @overload
+    def __getitem__(self, index: int) -> Release: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[Release]: ...
+    def __getitem__(self, index: int | slice) -> Release | list[Release]:
+        return self._all()[index]
+
+    def __iter__(self) -> Iterator[Release]:
+        return iter(self._all())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Releases):
+            return self._all() == other._all()
+        if isinstance(other, list):
+            return self._all() == other
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return f"Releases({self._all()!r})"
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,44 +44,48 @@ class TableStats:
 class Lease:
     """A live lease on P (the table's record of it).
 
-    ``state`` is the rules' input while the lease is in the table. A lease that
-    ends leaves the table, and its end is kept in the table's tombstone: the
-    record is not written again (nothing reads it: a queue entry still pointing
-    at it is recognised as stale by identity, ``live.get(req_id) is not lease``).
+    ``state`` is the rules' state: GRANTED while the lease is in the table. A lease
+    that ends leaves the table, and its end is kept in the table's tombstone; a
+    lease that ends by a transfer or an abort also gets that state here, so that a
+    queue entry still pointing at the record reads as stale (``state != GRANTED``,
+    the same as ``live.get(req_id) is not lease``: ``tests/test_table.py``); an
+    expired lease's entry is the one the reaper took. Nothing else writes an ended
+    lease's record.
+
+    Seven slots, the fewest that hold what a lease needs (a record is 88 bytes, the
+    largest part of a live lease's memory, docs/performance.md): the counts of a
+    lease that reads from more than one D worker are in ``counts``, ``None`` for
+    the usual one (``consumers = readers = 1``, nothing done yet); the cap is
+    ``granted_at + max_lease_lifetime``, computed where it is needed, as
+    :meth:`~leaseproto.core.table.LeaseTable.grant` computes it.
     """
 
-    __slots__ = (
-        "cap_at",
-        "consumers",
-        "deadline",
-        "done",
-        "granted_at",
-        "last_renewal",
-        "readers",
-        "req_id",
-        "seq",
-        "state",
-    )
+    __slots__ = ("counts", "deadline", "granted_at", "last_renewal", "req_id", "seq", "state")
 
     def __init__(
-        self,
-        req_id: str,
-        now: float,
-        deadline: float,
-        cap_at: float | None,
-        consumers: int,
-        *,
-        seq: int,
+        self, req_id: str, now: float, deadline: float, consumers: int = 1, *, seq: int
     ) -> None:
         self.req_id = req_id
         self.state = R.GRANTED
         self.granted_at = now
         self.deadline = deadline
-        self.cap_at = cap_at
-        self.consumers = consumers
-        # how many transfer-dones complete it: the latest notification's n
-        self.readers = consumers
-        self.done = 0
+        #: ``(consumers, readers, done)``, or ``None`` for ``(1, 1, 0)``; ``readers``
+        #: is how many transfer-dones complete it (the latest notification's n)
+        self.counts: tuple[int, int, int] | None = (
+            None if consumers == 1 else (consumers, consumers, 0)
+        )
         self.last_renewal: float | None = None
         #: grant order (the table's count of grants): ties in expiry go by it
         self.seq = seq
+
+    @property
+    def consumers(self) -> int:
+        return 1 if self.counts is None else self.counts[0]
+
+    @property
+    def readers(self) -> int:
+        return 1 if self.counts is None else self.counts[1]
+
+    @property
+    def done(self) -> int:
+        return 0 if self.counts is None else self.counts[2]

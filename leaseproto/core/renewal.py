@@ -29,6 +29,8 @@ class Renewals:
     """The renewal methods of :class:`~leaseproto.core.table.LeaseTable`."""
 
     config: LeaseConfig
+    _extension: float  # config.lease_extension
+    _cap: float | None  # config.max_lease_lifetime
     _leases: dict[str, Lease]
     _ended: OrderedDict[str, tuple[int, float]]
     _c: dict[str, int]
@@ -47,25 +49,15 @@ class Renewals:
         be reaped. D still heartbeats them, so it has not read them yet: the
         caller can nack them and D fails over before it reads reused blocks.
         """
-        self._clock(now)
+        if type(now) is float and _NINF < self._last_now <= now < _INF:  # advance(), inline
+            self._last_now = now
+        else:
+            self._clock(now)  # the first call, a now that is not a float, or raises
         ids = req_ids if type(req_ids) is list or type(req_ids) is tuple else list(req_ids)
         found = list(map(self._leases.get, ids))
-        return self._renew(ids, found, all(found), now, lost)
-
-    def _renew(
-        self,
-        ids: Sequence[str],
-        found: list[Lease | None],
-        every: bool,
-        now: float,
-        lost: list[str] | None,
-    ) -> int:
-        """Renew ``ids`` (``found``: their leases or ``None``; ``every``: all found)."""
-        cfg = self.config
-        capped = cfg.max_lease_lifetime is not None
         c = self._c
         renewed = renew_ids(
-            ids, found, every, self._ended, now, cfg.lease_extension, capped, lost, c
+            ids, found, all(found), self._ended, now, self._extension, self._cap, lost, c
         )
         c["renewed"] += renewed
         return renewed
@@ -100,18 +92,14 @@ class Renewals:
         every = all(found)
         if not every and not self._known_or_valid(ids, found):
             return None
-        try:  # advance()'s check, inline (a message is a few microseconds)
-            fast = _NINF < self._last_now <= now < _INF and now is not True and now is not False
-        except TypeError:
-            fast = False
-        if not fast:
-            self._clock(now)  # the first call, or raises
-        self._last_now = now
-        cfg = self.config  # what _renew does, inline
-        capped = cfg.max_lease_lifetime is not None
+        if type(now) is float and _NINF < self._last_now <= now < _INF:  # advance(), inline
+            self._last_now = now
+        else:
+            self._clock(now)  # the first call, a now that is not a float, or raises
         c = self._c
-        ext = cfg.lease_extension
-        c["renewed"] += renew_ids(ids, found, every, self._ended, now, ext, capped, lost, c)
+        c["renewed"] += renew_ids(
+            ids, found, every, self._ended, now, self._extension, self._cap, lost, c
+        )
         return ids
 
     def _known_or_valid(self, ids: list[str], found: list[Lease | None]) -> bool:
@@ -137,19 +125,19 @@ def renew_ids(  # noqa: PLR0917 - the loop's inputs, in one call
     ended: Mapping[str, tuple[int, float]],
     now: float,
     extension: float,
-    capped: bool,
+    cap: float | None,
     lost: list[str] | None,
     c: dict[str, int],
 ) -> int:
     """Renew each of ``ids`` (``found``: its live lease, or ``None``; ``every``: none is
-    ``None``) and return how many were renewed. ``ended`` holds the tombstones,
-    ``capped``: the leases have a ``cap_at`` (``max_lease_lifetime`` is set), ``c``
-    the counters."""
+    ``None``) and return how many were renewed. ``ended`` holds the tombstones, ``cap``
+    is ``max_lease_lifetime`` (a lease's cap is ``granted_at + cap``, as ``grant``
+    computes it), ``c`` the counters."""
     target = now + extension
     if every:  # every id names a live lease (the common heartbeat): no test for None
         live: Sequence[Lease] = found  # type: ignore[assignment]  # none is None
-        if capped:
-            return renew_capped(live, now, extension, lost, c)
+        if cap is not None:
+            return renew_capped(live, now, extension, cap, lost, c)
         lapsed = 0
         for held in live:
             deadline = held.deadline
@@ -174,8 +162,8 @@ def renew_ids(  # noqa: PLR0917 - the loop's inputs, in one call
         deadline = lease.deadline
         if now < deadline:
             new = target
-            if capped:
-                cap_at: float = lease.cap_at  # type: ignore[assignment]  # set: capped
+            if cap is not None:
+                cap_at = lease.granted_at + cap
                 new = new if new <= cap_at else cap_at  # vmin: never past the cap (I7)
             lease.deadline = deadline if deadline >= new else new  # vmax: never shorter (I1)
             lease.last_renewal = now
@@ -185,16 +173,21 @@ def renew_ids(  # noqa: PLR0917 - the loop's inputs, in one call
     return renewed
 
 
-def renew_capped(
-    leases: Sequence[Lease], now: float, extension: float, lost: list[str] | None, c: dict[str, int]
+def renew_capped(  # noqa: PLR0917
+    leases: Sequence[Lease],
+    now: float,
+    extension: float,
+    cap: float,
+    lost: list[str] | None,
+    c: dict[str, int],
 ) -> int:
-    """:func:`renew_ids`'s common loop when each lease has a cap."""
+    """:func:`renew_ids`'s common loop when each lease has a cap (``granted_at + cap``)."""
     target = now + extension
     lapsed = 0
     for lease in leases:
         deadline = lease.deadline
         if now < deadline:
-            cap_at: float = lease.cap_at  # type: ignore[assignment]  # set: capped
+            cap_at = lease.granted_at + cap
             new = target if target <= cap_at else cap_at  # vmin: never past the cap (I7)
             lease.deadline = deadline if deadline >= new else new  # vmax (I1)
             lease.last_renewal = now

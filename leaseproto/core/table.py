@@ -1,11 +1,12 @@
 """The prefill side: one lease per request (spec §6, §8.1-8.5).
 
-Expiry uses a calendar of exact deadlines (:class:`.deadlines.DeadlineQueue`:
-a bucket of leases per deadline, a heap of the distinct deadlines). Renewals
-only move ``lease.deadline`` (O(1) per id); when the reaper meets a lease that
-was renewed past the deadline it was queued at, it queues it again at the new
-one. So ``expire`` touches only what came due, never the live set (upstream
-bug B1 came from a reaper that assumed insertion order).
+Expiry uses :class:`.deadlines.DeadlineQueue`: the leases granted for the default
+``kv_lease_duration`` in grant order (which is their deadlines' order), every other
+one in a calendar of exact deadlines (a bucket of leases per deadline, a heap of the
+distinct deadlines). Renewals only move ``lease.deadline`` (O(1) per id); when the
+reaper meets a lease that was renewed past the deadline it was queued at, it queues
+it again at the new one. So ``expire`` touches only what came due, never the live
+set (upstream bug B1 came from a reaper that assumed insertion order).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from .checks import FIRST_NOW, advance, check_count, check_finite, check_positiv
 from .config import LeaseConfig
 from .deadlines import DeadlineQueue
 from .errors import LocalProtocolError
-from .events import LateTransfer, Release, ReleaseReason, TransferCounted, make_releases
+from .events import LateTransfer, Release, ReleaseReason, Releases, TransferCounted
 from .lease import Lease, TableStats
 from .renewal import Renewals
 from .wire import MAX_COUNT
@@ -31,10 +32,9 @@ from .wire import MAX_COUNT
 __all__ = ["LeaseTable", "TableStats"]
 
 
-_STATE = attrgetter("state")
-_DEADLINE = attrgetter("deadline")
 _REQ_ID = attrgetter("req_id")
 _INF = math.inf
+_NINF = -math.inf
 _consume: Callable[[Iterable[object]], None] = deque[object](maxlen=0).extend
 
 _REASON = {
@@ -42,6 +42,7 @@ _REASON = {
     R.EXPIRED: ReleaseReason.EXPIRED,
     R.ABORTED: ReleaseReason.ABORTED,
 }
+_NONE = Releases((), [], ReleaseReason.EXPIRED, 0.0)  # what a call that releases nothing returns
 
 
 # -- the reaper's rule, as ordinary code (spec §8.5) -------------------------------------------
@@ -64,8 +65,12 @@ class LeaseTable(Renewals):
 
     def __init__(self, config: LeaseConfig | None = None) -> None:
         self.config = config if config is not None else LeaseConfig()
+        self._max_id = self.config.max_id_bytes
+        self._extension = self.config.lease_extension
+        self._cap = self.config.max_lease_lifetime
         self._leases: dict[str, Lease] = {}
-        self._queue = DeadlineQueue()  # the leases by deadline, for expire
+        # the leases by deadline, for expire (those granted for the default ttl in a list)
+        self._queue = DeadlineQueue(float(self.config.kv_lease_duration))
         self._seq = itertools.count()  # grant order: ties in expire go by it
         # ended leases, oldest first: id -> (state, ended_at)
         self._ended: OrderedDict[str, tuple[int, float]] = OrderedDict()
@@ -75,6 +80,10 @@ class LeaseTable(Renewals):
         self._last_now = FIRST_NOW
         self._c = dict.fromkeys((f.name for f in fields(TableStats)), 0)
         self._tomb: tuple[int, float] = (R.ABSENT, -math.inf)
+        # no tombstone or staged notification is too old before this (a lower bound)
+        self._prune_at = _INF
+        # the now and deadline of the latest grant for the default ttl
+        self._step: tuple[float | None, float] = (None, math.inf)
 
     # -- helpers --------------------------------------------------------------------------
     def _clock(self, now: float) -> None:
@@ -82,10 +91,12 @@ class LeaseTable(Renewals):
 
     def _end(self, lease: Lease, state: int, now: float) -> Release:
         del self._leases[lease.req_id]
+        lease.state = state  # its queue entry is stale now
         tomb = self._tomb
         if tomb[0] != state or tomb[1] is not now:
             tomb = self._tomb = (state, now)  # shared by the leases one call ends
         self._ended[lease.req_id] = tomb  # new (a live id has none): the newest, last
+        self._kept(now + self.config.tombstone_ttl)
         while len(self._ended) > self.config.tombstone_capacity:
             self._ended.popitem(last=False)
         reason = _REASON[state]
@@ -120,6 +131,16 @@ class LeaseTable(Renewals):
                 break
             staged.popitem(last=False)
             self._c["early_dropped"] += 1
+        # when the oldest tombstone or staged notification is next too old
+        first = _INF if not ended else next(iter(ended.values()))[1] + ttl
+        if staged:
+            at = next(iter(staged.values()))[0] + sttl
+            first = at if at < first else first
+        self._prune_at = first
+
+    def _kept(self, until: float) -> None:
+        """An entry was added that :meth:`_prune` forgets at ``until``."""
+        self._prune_at = min(self._prune_at, until)
 
     def _stage(self, req_id: str, now: float, *, abort: bool, readers: int | None = None) -> None:
         entry = self._staged.get(req_id)
@@ -131,6 +152,7 @@ class LeaseTable(Renewals):
                 self._staged.popitem(last=False)
                 self._c["early_dropped"] += 1
             entry = self._staged[req_id] = [now, 0.0, 0.0, 0.0]
+            self._kept(now + self.config.staging_ttl)
         if abort:
             entry[2] = 1.0
         else:
@@ -160,24 +182,30 @@ class LeaseTable(Renewals):
                 number; ``now`` is not finite or went back; or the deadline or
                 cap would not be finite. Nothing changes.
         """
-        check_wire_id(req_id, self.config.max_id_bytes)
+        check_wire_id(req_id, self._max_id)
         if req_id in self._leases:
             raise LocalProtocolError(f"lease for {req_id!r} is live: it cannot be granted again")
         check_count("consumers", consumers, MAX_COUNT)
         ttl = self.config.kv_lease_duration if ttl is None else check_positive("ttl", ttl)
+        default = ttl == self.config.kv_lease_duration  # queued in the list of grants
         cap = self.config.max_lease_lifetime
         advance(self._last_now, now)  # checked before anything changes
-        deadline = R.grant_deadline(now, float(ttl))
+        if default and now is self._step[0]:
+            deadline = self._step[1]  # a step's grants share its now: one deadline object
+        else:
+            deadline = R.grant_deadline(now, float(ttl))
         cap_at = None if cap is None else now + cap
         # (not ``math.isfinite``: a comparison, so ``leaseproto prove`` runs it on z3 terms;
         # ``now`` is finite and ``ttl``, ``cap`` positive, so only +inf can come out)
         if not deadline < _INF or (cap_at is not None and not cap_at < _INF):
             raise LocalProtocolError(f"now={now!r} + ttl={ttl!r} is not a finite deadline")
         self._clock(now)
+        if default:
+            self._step = (now, deadline)
         self._ended.pop(req_id, None)  # a reused id starts a new lease (spec §6.1)
-        lease = Lease(req_id, now, deadline, cap_at, consumers, seq=next(self._seq))
+        lease = Lease(req_id, now, deadline, consumers, seq=next(self._seq))
         self._leases[req_id] = lease
-        self._queue.push(lease)
+        self._queue.grant(lease, default_ttl=default)
         self._c["granted"] += 1
         staged = self._staged.pop(req_id, None)
         if staged is None:
@@ -185,12 +213,14 @@ class LeaseTable(Renewals):
         self._c["early_applied"] += 1
         if staged[2]:
             return self._end(lease, R.abort_state(lease.state), now)
-        lease.readers = int(staged[3]) or lease.consumers
+        readers = int(staged[3]) or lease.consumers
+        done = lease.done
         for _ in range(int(staged[1])):
-            state = R.transfer_done_state(lease.state, lease.done, lease.readers)
-            lease.done = R.transfer_done_count(lease.state, lease.done)
+            state = R.transfer_done_state(lease.state, done, readers)
+            done = R.transfer_done_count(lease.state, done)
             if state != R.GRANTED:
                 return self._end(lease, state, now)
+        lease.counts = (consumers, readers, done)
         return None
 
     def transfer_done(
@@ -220,12 +250,13 @@ class LeaseTable(Renewals):
         self._clock(now)
         lease = self._leases.get(req_id)
         if lease is not None:
-            n = lease.readers = lease.consumers if readers is None else readers
+            n = lease.consumers if readers is None else readers
             state = R.transfer_done_state(lease.state, lease.done, n)
-            lease.done = R.transfer_done_count(lease.state, lease.done)
+            done = R.transfer_done_count(lease.state, lease.done)
             if state != R.GRANTED:
                 return self._end(lease, state, now)
-            return TransferCounted(req_id, now, done=lease.done, readers=n)
+            lease.counts = (lease.consumers, n, done)
+            return TransferCounted(req_id, now, done=done, readers=n)
         ended = self._ended.get(req_id)
         if ended is None:
             self._stage(req_id, now, abort=False, readers=readers)
@@ -251,51 +282,57 @@ class LeaseTable(Renewals):
             self._stage(req_id, now, abort=True)
         return None
 
-    def expire(self, *, now: float) -> list[Release]:
+    def expire(self, *, now: float) -> Releases:
         """Release every lease with ``deadline <= now`` (``EXPIRED``), earliest
         deadline first (ties in grant order). Cost follows the leases (and the
         distinct deadlines) that came due, not the number of live leases. Also
-        forgets tombstones and staged notifications older than their TTLs."""
-        self._clock(now)
-        leases = self._leases
-        ended = self._ended
+        forgets tombstones and staged notifications older than their TTLs.
+
+        Returns the :class:`Release` of each, as a :class:`Releases` sequence: its
+        ``ids`` cost nothing more, and each ``Release`` is built when first read."""
+        if type(now) is float and _NINF < self._last_now <= now < _INF:  # advance(), inline
+            self._last_now = now
+        else:
+            self._clock(now)  # the first call, a now that is not a float, or raises
         # every live lease with deadline <= now, in deadline order (ties in grant order),
         # taken from the queue in one pass over the deadlines that came due
-        due = self._queue.take_due(now, leases)
-        out: list[Release] = []
-        expired = 0
+        due = self._queue.take_due(now, self._leases)
+        out = _NONE
         if due:
-            # the rule once per state among them, at their latest deadline: what
-            # expire_end expires at a deadline it expires at every earlier one (L14)
-            latest = max(map(_DEADLINE, due))
-            ends = {expire_end(s, latest, now) for s in set(map(_STATE, due))}
-            if ends == {R.EXPIRED}:  # each one expires: what _end does, for the whole batch
+            # every lease in the table is granted (``tests/test_hot_paths.py``): the rule
+            # once, at their latest deadline, the last one's (take_due gives them earliest
+            # first): what expire_end expires at a deadline it expires at every earlier
+            # one (L14)
+            if expire_end(R.GRANTED, due[-1].deadline, now) == R.EXPIRED:  # each expires
                 out = self._expire_all(due, now)
-                expired = len(out)
             else:  # some is not due by the rule after all: lease by lease
+                expired = []
                 for lease in due:
                     if expire_end(lease.state, lease.deadline, now) is None:
                         self._queue.requeue(lease)  # back in the queue
                     else:
-                        out.extend(self._expire_all([lease], now))
-                        expired += 1
-        if expired:
-            self._c["released_expired"] += expired
-            capacity = self.config.tombstone_capacity
-            while len(ended) > capacity:
-                ended.popitem(last=False)
-        self._prune(now)
+                        expired.append(lease)
+                if expired:
+                    out = self._expire_all(expired, now)
+            if out is not _NONE:
+                self._c["released_expired"] += len(out.ids)
+                ended, capacity = self._ended, self.config.tombstone_capacity
+                while len(ended) > capacity:
+                    ended.popitem(last=False)
+        if self._prune_at <= now:
+            self._prune(now)
         return out
 
-    def _expire_all(self, due: list[Lease], now: float) -> list[Release]:
+    def _expire_all(self, due: list[Lease], now: float) -> Releases:
         """End ``due`` (live leases, in release order) as ``EXPIRED`` at ``now``, at
         C speed: out of the live map, one tombstone value shared (trimmed by the
-        caller), a :class:`Release` each."""
+        caller); their releases, each built when read."""
         rids = list(map(_REQ_ID, due))
         _consume(map(self._leases.__delitem__, rids))
         # a live id has no tombstone (grant drops it), so each one is new: appended, newest last
         self._ended.update(zip(rids, repeat((R.EXPIRED, now))))
-        return make_releases(due, _REASON[R.EXPIRED], now)
+        self._kept(now + self.config.tombstone_ttl)
+        return Releases(due, rids, _REASON[R.EXPIRED], now)
 
     # -- queries --------------------------------------------------------------------------
     def deadline(self, req_id: str) -> float | None:
@@ -316,10 +353,11 @@ class LeaseTable(Renewals):
         lease = self._leases.get(req_id)
         if lease is None:
             return None
+        cap = self.config.max_lease_lifetime
         return {
             "granted_at": lease.granted_at,
             "deadline": lease.deadline,
-            "cap_at": lease.cap_at,
+            "cap_at": None if cap is None else lease.granted_at + cap,
             "consumers": lease.consumers,
             "readers": lease.readers,
             "done": lease.done,

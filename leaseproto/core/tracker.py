@@ -31,17 +31,27 @@ __all__ = ["HeartbeatTracker", "TrackerStats"]
 
 _INF = math.inf
 _HB = wire.HEARTBEAT_PREFIX
+_HB_LEN = len(_HB)
 
 
-class _Requests(dict[str, str]):
-    """One engine's tracked requests, local id -> remote id, in tracking order;
-    knows its engine, so ``untrack`` finds both with one lookup."""
+class _Requests(dict[str, int]):
+    """One engine's tracked requests by the id P knows them by: remote id -> how many
+    tracked requests name it (one, unless two local requests share P's id), in the
+    order first named. So an engine's heartbeat names each id once, in tracking order,
+    with no pass to drop repeats. Knows its engine."""
 
     __slots__ = ("engine",)
 
     def __init__(self, engine: str) -> None:
         super().__init__()
         self.engine = engine
+
+
+class _Ids(list[str]):
+    """An engine's remote ids as :meth:`HeartbeatTracker.due` returns them: each once
+    (:meth:`HeartbeatTracker.payloads` then drops no repeats). A plain list otherwise."""
+
+    __slots__ = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,10 +79,11 @@ class HeartbeatTracker:
 
     def __init__(self, config: LeaseConfig | None = None) -> None:
         self.config = config if config is not None else LeaseConfig()
-        # engine -> {local id: remote id}, in tracking order
+        self._max_id = self.config.max_id_bytes
+        # engine -> {remote id: tracked requests naming it}, in tracking order
         self._by_engine: dict[str, _Requests] = {}
-        # local id -> its engine's requests
-        self._engine_of: dict[str, _Requests] = {}
+        # local id -> (its engine's requests, its remote id), in tracking order
+        self._engine_of: dict[str, tuple[_Requests, str]] = {}
         # engine -> now of its last heartbeat, oldest first (an engine sent to
         # moves to the end, and ``now`` never decreases)
         self._last_sent: dict[str, float] = {}
@@ -112,34 +123,31 @@ class HeartbeatTracker:
                 back. Nothing changes.
         """
         remote = req_id if remote_req_id is None else remote_req_id
-        max_bytes = self.config.max_id_bytes
-        if not plain_id(remote, max_bytes):  # the common case at C speed, one call
-            check_wire_id(remote, max_bytes)  # decides and words the error
+        if not plain_id(remote, self._max_id):  # the common case at C speed, one call
+            check_wire_id(remote, self._max_id)  # decides and words the error
         if type(req_id) is not str and not isinstance(req_id, str):
             raise LocalProtocolError(f"request id must be a str, got {type(req_id).__name__}")
         engine_of = self._engine_of
         if req_id in engine_of:
             raise LocalProtocolError(
-                f"request {req_id!r} is already tracked (engine {engine_of[req_id].engine!r})"
+                f"request {req_id!r} is already tracked (engine {engine_of[req_id][0].engine!r})"
             )
-        try:
-            ok = (
-                self._last_now <= now < _INF
-                and now != -_INF
-                and now is not True
-                and now is not False
+        try:  # finite, not back, not a bool (a bool is at most 1)
+            ok = self._last_now <= now < _INF and (
+                now > 1.0 or (type(now) is float and now > -_INF)
             )
         except TypeError:
             ok = False
         if not ok:
-            self._clock(now)  # raises
+            self._clock(now)  # raises, or advances
         self._last_now = now
         try:
             reqs = self._by_engine[engine_id]
         except KeyError:
             reqs = self._new_engine(engine_id)
-        reqs[req_id] = remote
-        engine_of[req_id] = reqs
+        n = reqs.get(remote)
+        reqs[remote] = 1 if n is None else n + 1
+        engine_of[req_id] = (reqs, remote)
         self._tracked += 1
 
     def _new_engine(self, engine_id: str) -> _Requests:
@@ -154,12 +162,17 @@ class HeartbeatTracker:
     def untrack(self, req_id: str) -> None:
         """Stop heartbeating ``req_id`` (transfer done, finished, aborted, or
         no longer needs a transfer). Unknown ids are a no-op."""
-        reqs = self._engine_of.pop(req_id, None)
-        if reqs is None:
+        entry = self._engine_of.pop(req_id, None)
+        if entry is None:
             return
-        del reqs[req_id]
-        if not reqs:
-            self._forget(reqs.engine)
+        reqs, remote = entry
+        n = reqs[remote]
+        if n > 1:
+            reqs[remote] = n - 1  # another tracked request names it: heartbeats go on
+        else:
+            del reqs[remote]
+            if not reqs:
+                self._forget(reqs.engine)
 
     def _forget(self, engine: str) -> None:
         del self._by_engine[engine]
@@ -171,14 +184,14 @@ class HeartbeatTracker:
     def drop_engine(self, engine_id: str) -> list[str]:
         """Forget every request of ``engine_id`` (its P is gone: the caller fails
         them over to recompute or an error). Returns their local ids."""
-        reqs = self._by_engine.get(engine_id)
-        if reqs is None:
+        if engine_id not in self._by_engine:
             return []
         self._forget(engine_id)
-        for rid in reqs:
+        dropped = self.requests(engine_id)
+        for rid in dropped:
             del self._engine_of[rid]
-        self._c["dropped"] += len(reqs)
-        return list(reqs)
+        self._c["dropped"] += len(dropped)
+        return dropped
 
     def _threshold(self) -> float:
         """The smallest ``now`` at which the oldest engine is due, found by
@@ -210,18 +223,20 @@ class HeartbeatTracker:
 
     def due(self, *, now: float, pending: Collection[str] = ()) -> dict[str, list[str]]:
         """The heartbeats to send now: engine id -> P's ids of its tracked
-        requests, for each engine that never had a heartbeat or whose last one
+        requests (each once, in tracking order: what :meth:`payloads` takes),
+        for each engine that never had a heartbeat or whose last one
         is at least ``heartbeat_interval`` old. Returned engines are marked as
         sent at ``now``. Engines in ``pending`` (not connected yet) are left
         out and keep their turn.
         """
-        try:  # finite, not before the last now, below the oldest engine's threshold
-            idle = self._last_now <= now < self._next_at and now is not True and now is not False
+        try:  # not before the last now, below the oldest engine's threshold (so finite:
+            # the threshold is finite or -inf once a now was seen), and not a bool (a
+            # bool is at most 1: one comparison for a clock past 1 s)
+            if self._last_now <= now < self._next_at and (now > 1.0 or type(now) is float):
+                self._last_now = now
+                return {}  # nothing is due
         except TypeError:
-            idle = False
-        if idle:
-            self._last_now = now
-            return {}  # nothing is due
+            pass  # not a number: the full check refuses it
         self._clock(now)
         rule = R.heartbeat_due
         interval = self.config.heartbeat_interval
@@ -241,7 +256,7 @@ class HeartbeatTracker:
             if engine in pending:
                 self._c["deferred"] += 1
                 continue
-            out[engine] = list(by_engine[engine].values())
+            out[engine] = _Ids(by_engine[engine])  # its remote ids, each once
             if engine in unsent:
                 del unsent[engine]
             else:
@@ -266,16 +281,17 @@ class HeartbeatTracker:
         returned: ``wire.encode_heartbeat(ids, max_bytes=max_bytes)`` byte for
         byte (default ``config.max_notification_bytes``), without its per-id
         checks: :meth:`track` checked each id (``check_wire_id``), so what is
-        left is dropping repeats, one join and the cuts at the last ``,`` that
-        fits (``tests/test_hot_paths.py`` compares the two on random ids).
+        left is one join and the cuts at the last ``,`` that fits, and dropping
+        repeats from a list that :meth:`due` did not return (its lists name each
+        id once). ``tests/test_hot_paths.py`` compares the two on random ids.
 
         Raises:
             ValueError: as ``encode_heartbeat`` does (``max_bytes`` leaves no
                 room, or an id does not fit in one message).
         """
         max_bytes = self.config.max_notification_bytes if max_bytes is None else max_bytes
-        room = max_bytes - len(_HB)
-        if len(set(ids)) != len(ids):
+        room = max_bytes - _HB_LEN
+        if type(ids) is not _Ids and len(set(ids)) != len(ids):  # due()'s have no repeats
             ids = list(dict.fromkeys(ids))  # repeats are sent once, where first named
         if not ids or room < 1:
             return wire.encode_heartbeat(ids, max_bytes=max_bytes)  # [] or the error
@@ -300,16 +316,17 @@ class HeartbeatTracker:
         return list(self._by_engine)
 
     def engine_of(self, req_id: str) -> str | None:
-        reqs = self._engine_of.get(req_id)
-        return None if reqs is None else reqs.engine
+        entry = self._engine_of.get(req_id)
+        return None if entry is None else entry[0].engine
 
     def remote_id(self, req_id: str) -> str | None:
-        reqs = self._engine_of.get(req_id)
-        return None if reqs is None else reqs[req_id]
+        entry = self._engine_of.get(req_id)
+        return None if entry is None else entry[1]
 
     def requests(self, engine_id: str) -> list[str]:
-        """Local ids tracked for ``engine_id``."""
-        return list(self._by_engine.get(engine_id, ()))
+        """Local ids tracked for ``engine_id``, in tracking order (a pass over every
+        tracked request: for queries, not for each step)."""
+        return [rid for rid, (reqs, _) in self._engine_of.items() if reqs.engine == engine_id]
 
     @property
     def stats(self) -> TrackerStats:

@@ -134,7 +134,7 @@ class WorkerLeases:
                 now = d
         self._due.clear()
         self._last = max(self._last, now)
-        released = self.table.expire(now=now)
+        released = list(self.table.expire(now=now))
         self.trace.expire(now, len(released))
         for release in released:
             self.trace.release(release, 0)
