@@ -28,7 +28,7 @@ from leaseproto.core.clock import ClockOffset
 from leaseproto.core.errors import LocalProtocolError
 
 from .codec import _Mismatches, _outcome
-from .loops import Check
+from .loops import Check, built
 
 SYSTEM = "clock"
 _SAMPLES = [
@@ -169,13 +169,4 @@ def checks(only: str = "") -> list[tuple[str, Check]]:
     todo: list[tuple[str, Callable[[], Check]]] = [
         ("L19 ClockOffset and the read gate = spec §8.7 (I9), exactly", _runs),
     ]
-    out = []
-    for label, build in todo:
-        if only not in label:
-            continue
-        try:
-            chk = build()
-        except Exception as exc:  # the code raised what no input makes it raise
-            chk = Check([], [], error=f"{label}: raised {type(exc).__name__}: {exc}"[:300])
-        out.append((label, chk))
-    return out
+    return [(label, built(label, build)) for label, build in todo if only in label]

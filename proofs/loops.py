@@ -154,6 +154,15 @@ class Check:
     refuted: bool = False
 
 
+def built(label: str, build: Callable[[], Check]) -> Check:
+    """``build()``, or a failing check that names what the code raised: no input of
+    the spec makes the code under proof raise outside its documented errors."""
+    try:
+        return build()
+    except Exception as exc:
+        return Check([], [], error=f"{label}: raised {type(exc).__name__}: {exc}"[:300])
+
+
 # -- renewals (spec §8.2) ------------------------------------------------------------------
 #: the ids of a heartbeat: ``a``, ``b`` name live leases, ``x`` a tombstone, ``u`` nothing
 KINDS = "abxu"
