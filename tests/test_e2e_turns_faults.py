@@ -103,7 +103,11 @@ def test_I16_d_frees_cached_blocks_when_p_dies() -> None:
 
 
 def test_I14_read_admitted_by_the_gate_then_late_is_nacked_and_recomputed() -> None:
-    stall = ["--stall-after-prefix-read", "4.0"]
+    # P stops working on the read once the gate admitted it (no heartbeat, READ not
+    # posted) while its loop goes on. Stalling the whole loop right after posting the
+    # READ (--stall-after-prefix-read) raced: the READ and its transfer-done could
+    # complete before P slept, D answered OK in time, and the read was rightly used.
+    stall = ["--stall-after-prefix-gate", "4.0"]
     with Cluster(turn_spec(extra={"prefill": stall}, d_step_time=0.05)) as cluster:
         client = cluster.client()
         try:

@@ -88,6 +88,15 @@ def test_silent_agents_are_those_unheard_and_bound_to_no_live_lease() -> None:
     assert b.bound("c") == {"d0"}
 
 
+def test_agents_kept_in_use_are_not_silent() -> None:
+    b = ReaderBinding()
+    for agent in ("d0", "e0"):
+        b.heard(agent, 0.0)
+    assert b.silent(now=10.0, ttl=5.0, keep={"d0"}) == ["e0"]  # P reads d0's turn
+    assert b.last_heard == {"d0": 0.0}  # kept as it was: forgotten once unused
+    assert b.silent(now=10.0, ttl=5.0) == ["d0"]
+
+
 def test_only_engine_is_the_one_set_bound_to() -> None:
     b = ReaderBinding()
     assert b.only_engine() is None

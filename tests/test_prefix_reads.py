@@ -6,6 +6,9 @@ and P's heartbeats for a waiting turn-2 request (I16)."""
 from __future__ import annotations
 
 import logging
+import math
+import time
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -13,12 +16,13 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("msgspec")
 
-from leaseproto import LeaseConfig
+from leaseproto import LeaseConfig, LeaseTable
 from leaseproto.adapters.xfer import Transfer
 from leaseproto.core import wire
 from leaseproto.toymodel.tiny_decoder import TinyDecoder
 from leaseproto.workers.messages import TransferParams, parse
 from leaseproto.workers.notifications import DropLog
+from leaseproto.workers.prefill_leases import LeaseGrants
 from leaseproto.workers.prefill_prefix import PrefixReads
 
 CONFIG = LeaseConfig(3.0, 2.0, safety_margin=0.2)
@@ -244,3 +248,34 @@ def test_a_stall_at_the_gate_holds_the_read_and_its_heartbeats_then_posts_it() -
     assert [x.notif_msg for x in backend.reads] == [b"turn-0123456789abcdef:1"]
     pr.start(p2, now=0.5)  # only the first read admitted stalls
     assert len(backend.reads) == 2
+
+
+def test_p_keeps_the_d_agents_whose_turns_it_reads() -> None:
+    """Found under load in the I14 stall test: P's grant side forgot a D agent
+    (bound to no live lease of P, silent for two extensions) while P's READ of
+    that D's cached turn was in flight; NIXL failed the READ (the remote agent
+    was invalidated) and the prefix was recomputed for no reason of D's. The
+    agents of every prefix P works on are kept; once it is done they may go."""
+    pr, backend = reads()
+    assert pr.agents_in_use() == set(D_AGENTS)
+    forgotten: list[str] = []
+    backend.forget = forgotten.append  # type: ignore[attr-defined]
+    grants = LeaseGrants(
+        SimpleNamespace(config=CONFIG, policy="lease"),  # type: ignore[arg-type]
+        LeaseTable(CONFIG),
+        backend,  # type: ignore[arg-type]
+        SimpleNamespace(agents_forgotten=SimpleNamespace(inc=lambda n: None)),  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]  # the gate: not used here
+        drops=DropLog(logging.getLogger("test")),
+        notes=DropLog(logging.getLogger("test")),
+        in_use=pr.agents_in_use,
+    )
+    grants.binding.heard(D_AGENTS[0], 0.0)  # D heartbeated P's lease long ago
+    grants._now = time.monotonic() + 3600.0  # far past two extensions
+    grants._forget_silent()
+    assert forgotten == []  # P reads D's turn: D stays
+    pr.done("r1")
+    assert pr.agents_in_use() == set()
+    grants._pruned_at = -math.inf
+    grants._forget_silent()
+    assert forgotten == [D_AGENTS[0]]

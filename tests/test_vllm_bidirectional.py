@@ -44,6 +44,8 @@ def posted(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
 def _scheduler(ours: bool, engine: str) -> Any:
     s = make_finishing_scheduler(ours, engine, bidirectional=True)
     s.decoder_kv_blocks_ttl = TTL
+    s.kv_recompute_threshold = 0  # vLLM's default: read any remote prefix
+    s.use_host_buffer = False
     return s
 
 
@@ -205,3 +207,58 @@ def test_a_stock_d_is_read_unverified_and_not_heartbeated(
     p._recving_transfers["t2"] = [7]
     assert p._pop_done_transfers(p._recving_transfers) == ({"t2"}, set())
     assert p.nixl_wrapper.sent == []  # nothing of ours to a stock D
+
+
+def _turn2(params: dict[str, Any]) -> Any:
+    """A turn-2 request on P: turn 1 (64 tokens, cached on D) and 36 new ones."""
+    return SimpleNamespace(
+        request_id="t2",
+        kv_transfer_params=dict(params),
+        num_prompt_tokens=100,
+        prompt_token_ids=list(range(100)),
+    )
+
+
+def _allocated(n: int) -> Any:
+    """What vLLM's scheduler hands update_state_after_alloc: ``n`` fresh blocks."""
+    blocks = MagicMock()
+    blocks.get_unhashed_block_ids_all_groups.return_value = (list(range(n)),)
+    blocks.blocks = ([SimpleNamespace(block_hash=None, is_null=False)] * n,)
+    return blocks
+
+
+@pytest.mark.parametrize("ours", [True, False], ids=["leaseproto", "stock"])
+def test_a_failed_turn2_read_is_prefilled_locally_not_parked_for_ever(ours: bool) -> None:
+    """vLLM's scheduler asks get_num_new_matched_tokens again once a failed read
+    (recompute policy: an NK, no verdict in time) or a preemption put the request
+    back to no computed tokens. Stock vLLM answers D's count again, so the request
+    waits in WAITING_FOR_REMOTE_KVS, but sets up no second read: nothing ever ends
+    the wait (a real engine hung so, tests/test_vllm_pd.py). P prefills it locally."""
+    _, params = _turn1_on_d(True)
+    p_sched = _scheduler(ours, "P0")
+    req = _turn2(params)
+    assert p_sched.get_num_new_matched_tokens(req, 0) == (64, True)  # read D's 64 tokens
+    p_sched.update_state_after_alloc(req, _allocated(2), 64)
+    assert "t2" in p_sched._reqs_need_recv  # the one read, for the worker
+    p_sched._reqs_need_recv.clear()  # shipped by build_connector_meta
+    again = p_sched.get_num_new_matched_tokens(req, 0)  # the read failed: asked again
+    p_sched.update_state_after_alloc(req, _allocated(4), again[0])
+    if ours:
+        assert again == (0, False)  # prefilled here, from its tokens
+    else:  # vLLM 0.32: parked for a load with no read behind it
+        assert again == (64, True)
+    assert "t2" not in p_sched._reqs_need_recv  # either way no second read
+
+
+@pytest.mark.parametrize("ours", [True, False], ids=["leaseproto", "stock"])
+def test_a_p_not_in_bidirectional_mode_prefills_a_turn2_request(ours: bool) -> None:
+    """D's parameters reaching a P without bidirectional_kv_xfer: stock vLLM parks
+    the request for a load it never sets up; ours prefills it locally."""
+    _, params = _turn1_on_d(True)
+    p_sched = make_finishing_scheduler(ours, "P0", bidirectional=False)
+    p_sched.kv_recompute_threshold, p_sched.use_host_buffer = 0, False
+    req = _turn2(params)
+    got = p_sched.get_num_new_matched_tokens(req, 0)
+    p_sched.update_state_after_alloc(req, _allocated(4), got[0])
+    assert "t2" not in p_sched._reqs_need_recv
+    assert got == ((0, False) if ours else (64, True))

@@ -75,16 +75,34 @@ def test_leaseproto_pair_serves_no_completion_from_freed_blocks(tmp_path: Path) 
 def test_leaseproto_pair_two_turns_equal_one_instance(tmp_path: Path) -> None:
     """Bidirectional mode on real engines: turn 1 prefilled on P and decoded on D, which
     keeps its KV; turn 2 (the conversation so far and new tokens) prefilled on P on top
-    of the prefix P read from D, verified by D's OK (I14), then decoded on D. Both turns
-    equal one instance serving the same tokens, and check-trace finds no violation."""
-    res = _bench(tmp_path, "--two-turn", "--conversations", "2", "--max-tokens", "60")
+    of the prefix P read from D, used only after D's OK (I14), then decoded on D. Both
+    turns equal one instance serving the same tokens, and check-trace finds no violation.
+
+    On two busy cores (vLLM's idle CPU workers spin) D's verdict can come later than P's
+    bound, or vLLM's 5 s handshake to D time out: P then fails the read and prefills the
+    whole prompt itself, and the turn must still equal the reference (a vLLM 0.32 P hung
+    there, CI's failure on 6159dbf; our scheduler's get_num_new_matched_tokens fixes it).
+    Every read is verified or failed, never used unverified; at least one is verified."""
+    res = _bench(tmp_path, "--two-turn", "--conversations", "3", "--max-tokens", "60")
     rows = res["conversations"]
-    assert len(rows) == 2
+    assert len(rows) == 3, rows
+    verified = 0
     for row in rows:
         assert row["turn1_identical"] and row["turn2_identical"], row
         assert row["d_returned_blocks"], row  # D kept turn 1 and said where
-        # P read turn 2's prefix from D and used it only after D's OK
-        assert row["p_counters"].get("vllm:leaseproto_reads_verified", 0) >= 1, row
+        counts = row["p_counters"]
+        ok = counts.get("vllm:leaseproto_reads_verified", 0)
+        failed = sum(
+            counts.get(k, 0)
+            for k in (
+                "vllm:leaseproto_reads_refused",  # D's NK
+                "vllm:leaseproto_reads_verdict_timeout",  # no verdict within P's bound
+                "vllm:nixl_num_failed_transfers",  # vLLM's handshake (5 s) or READ failed
+            )
+        )
+        assert ok + failed >= 1, row  # P read turn 2's prefix from D: verified or failed
+        verified += int(ok)
+    assert verified >= 1, rows  # some prefix was used, after D's OK
     trace = res["trace"]
     assert trace is not None and trace["violations"] == 0, trace["violation_list"]
     assert trace["uses"] > 0, trace

@@ -187,6 +187,27 @@ def test_listed_differences_fail_under_leaseproto_and_pass_on_stock(
         assert stock.get(node) == "passed", (node, stock.get("__tail__"))
 
 
+#: our probe (tests/vllm_turn2_probe.py), copied into the unpacked tree beside vLLM's
+#: bidirectional tests, whose helpers it uses
+PROBE = "tests/v1/kv_connector/unit/test_lp_turn2_probe.py"
+
+
+def test_a_failed_turn2_read_hangs_stock_vllm_and_is_prefilled_on_ours(
+    suite: tuple[Path, dict[str, str]],
+) -> None:
+    """vLLM's own scheduler, a turn-2 read failed under the recompute policy: stock
+    vLLM 0.32 parks the request in WAITING_FOR_REMOTE_KVS again with no read to end
+    the wait (a real P hung so); under our scheduler P prefills it itself."""
+    top, _ = suite
+    (top / PROBE).write_text((ROOT / "tests" / "vllm_turn2_probe.py").read_text())
+    node = PROBE + "::test_failed_turn2_read_is_prefilled_locally"
+    ours = run_vllm_tests(suite, [PROBE], ours=True, name="probe-ours")
+    stock = run_vllm_tests(suite, [PROBE], ours=False, name="probe-stock")
+    assert ours.get(node) == "passed", ours.get("__tail__")
+    assert stock.get(node) == "failed", stock.get("__tail__")
+    assert "WAITING_FOR_REMOTE_KVS" in (top / "probe-stock.xml").read_text()
+
+
 def test_plugin_swaps_every_name() -> None:
     from vllm.distributed.kv_transfer.kv_connector.v1 import nixl
     from vllm.distributed.kv_transfer.kv_connector.v1.nixl import connector, scheduler, worker

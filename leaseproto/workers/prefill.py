@@ -131,6 +131,7 @@ class PrefillWorker(EngineLoop):
             drops=drops,
             notes=self.notes,
             reader=self.prefixes.verdict,
+            in_use=self.prefixes.agents_in_use,
         )
         self.metrics.blocks_free.set(self.backend.num_free)
         #: our lease settings, as durations, in every transfer parameter set (lease policy)

@@ -162,10 +162,12 @@ class ReaderBinding:
     def heard(self, sender: str, now: float) -> None:
         self.last_heard[sender] = now
 
-    def silent(self, *, now: float, ttl: float) -> list[str]:
-        """Agents bound to no live lease and unheard for ``ttl`` seconds; they
-        are forgotten here (the caller drops its own records of them)."""
-        busy: set[str] = set()
+    def silent(self, *, now: float, ttl: float, keep: Collection[str] = ()) -> list[str]:
+        """Agents bound to no live lease, not in ``keep`` and unheard for ``ttl``
+        seconds; they are forgotten here (the caller drops its own records of
+        them). ``keep``: agents the worker still uses otherwise (P reading a D's
+        cached turn)."""
+        busy: set[str] = set(keep)
         for group in self._groups:
             busy |= group
         gone = [a for a, t in self.last_heard.items() if now - t >= ttl and a not in busy]

@@ -33,7 +33,7 @@ import logging
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..core import wire
@@ -78,6 +78,7 @@ class LeaseGrants:
         notes: DropLog,
         reader: Callable[[str, wire.Message], bool] | None = None,
         forget_silent: bool = True,
+        in_use: Callable[[], Collection[str]] | None = None,
         sent: Callable[[str], None] | None = None,
         released: Callable[[Release], None] | None = None,
     ) -> None:
@@ -86,7 +87,9 @@ class LeaseGrants:
         trigger; ``reader``: takes the verdicts and ``LL`` of a grantor that
         also reads others' leases (P reading D's cached turns), True when it
         did; ``forget_silent``: forget readers gone silent (off where the NIXL
-        endpoint also serves the worker's own reads); ``sent``, ``released``:
+        endpoint also serves the worker's own reads); ``in_use``: the agents
+        the worker's own reads use now, never forgotten (a D silent toward P's
+        leases may be one whose cached turn P reads); ``sent``, ``released``:
         told of each answer sent (its kind) and each release, after the fact."""
         self.opts = opts
         self.table = table
@@ -97,6 +100,7 @@ class LeaseGrants:
         self.notes = notes
         self._reader = reader
         self._forgets = forget_silent
+        self._in_use = in_use
         self._sent = sent
         self._released = released
         #: lease id -> the blocks held under it
@@ -394,7 +398,8 @@ class LeaseGrants:
         self._pruned_at = now
         cfg = self.opts.config
         ttl = max(cfg.tombstone_ttl, 2.0 * cfg.lease_extension)
-        gone = self.binding.silent(now=now, ttl=ttl)
+        keep = () if self._in_use is None else self._in_use()
+        gone = self.binding.silent(now=now, ttl=ttl, keep=keep)
         if gone:
             self.backend.trace.emit("forget", now=now, agents=gone)
         for agent in gone:

@@ -154,6 +154,12 @@ class PrefixReads:
     def get(self, req_id: str) -> Prefix | None:
         return self.by_req.get(req_id)
 
+    def agents_in_use(self) -> set[str]:
+        """The D agents of every prefix P still works on (from queue entry to
+        :meth:`done`): P must not forget them while it reads, or awaits their
+        verdicts."""
+        return {r.agent for p in self.by_req.values() for r in p.ranks}
+
     # -- queue entry ----------------------------------------------------------------------
     def track(self, req_id: str, params: TransferParams, cached: int, *, now: float) -> None:
         """Start on ``req_id``'s prefix. Raises ``ValueError`` for parameters

@@ -66,6 +66,41 @@ class LeaseprotoConnectorScheduler(HeartbeatTracking, NixlPullConnectorScheduler
         self._ship_heartbeats(meta)
         return meta
 
+    # -- P: one turn-2 read per request ----------------------------------------------------
+    def get_num_new_matched_tokens(
+        self, request: Any, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        """vLLM's count, except for a turn-2 request (D's transfer parameters)
+        that P will not read: (0, False), so P prefills it locally.
+
+        vLLM 0.32 answers such a request with D's token count, to be loaded
+        asynchronously, so the request is parked in WAITING_FOR_REMOTE_KVS; but
+        ``update_state_after_alloc`` sets up a read only once per request
+        (``_remote_blocks_processed``), only in bidirectional mode and never with
+        a host buffer (``use_host_buffer``). It asks again whenever the request
+        is back to no computed tokens: after a failed read under
+        ``kv_load_failure_policy = "recompute"`` (an ``NK:``, no verdict in time,
+        a failed handshake or READ) and after a preemption. No read then ends
+        the wait and the request hangs (seen on real engines,
+        ``tests/test_vllm_pd.py``). The first ask already hangs on a P without
+        ``bidirectional_kv_xfer`` or with a host buffer."""
+        params = request.kv_transfer_params
+        if (
+            params is not None
+            and params.get("do_remote_decode")
+            and not params.get("do_remote_prefill")
+            and (
+                params.get("_remote_blocks_processed")
+                or not self.__dict__.get("is_bidirectional_kv_xfer_enabled")
+                or self.__dict__.get("use_host_buffer")
+            )
+        ):
+            return 0, False
+        count: tuple[int | None, bool] = super().get_num_new_matched_tokens(
+            request, num_computed_tokens
+        )
+        return count
+
     # -- P: advertise ---------------------------------------------------------------------
     def request_finished(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
         delay, params = super().request_finished(request, block_ids)
