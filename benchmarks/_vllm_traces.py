@@ -10,7 +10,7 @@ from typing import Any
 
 from leaseproto.checker.trace import check_files
 
-__all__ = ["grant_leases", "validate"]
+__all__ = ["grant_leases", "report_traces", "validate"]
 
 
 def validate(traces: Path) -> dict[str, Any] | None:
@@ -30,6 +30,17 @@ def validate(traces: Path) -> dict[str, Any] | None:
     for v in report.violations[:5]:
         print("  ", v, flush=True)
     return out
+
+
+def report_traces(results: dict[str, Any], json_path: Path | None) -> None:
+    """The end of a benchmark's run: one line per pair whose connector wrote traces
+    (what :func:`validate` found), then every result as JSON to ``json_path``."""
+    for name, r in results.items():
+        t = r.get("trace")
+        if t is not None:
+            print(f"{name}: trace validation: {t['events']} events, {t['violations']} violations")
+    if json_path is not None:
+        json_path.write_text(json.dumps(results, indent=1))
 
 
 def grant_leases(files: list[Path]) -> dict[str, Any]:

@@ -42,7 +42,7 @@ from typing import Any
 
 from _common import machine, table
 from _reaper import die_with_parent, reap_group_on_exit
-from _vllm_traces import validate
+from _vllm_traces import report_traces, validate
 from _vllm_turns import tokens, two_turns
 
 from leaseproto.integrations.vllm.tinymodel import WORDS, build_tiny_model
@@ -478,8 +478,7 @@ def main() -> None:
         }
         print(f"kv_lease_duration {LEASE} s, bidirectional_kv_xfer; {machine()}")
         print(table(*two_turn_table(turns)))
-        if args.json:
-            args.json.write_text(json.dumps(turns, indent=1))
+        report_traces(turns, args.json)
         return
 
     work = args.workdir or Path(tempfile.mkdtemp(prefix="vllm_pd-"))
@@ -526,12 +525,7 @@ def main() -> None:
             )
     print(f"kv_lease_duration {LEASE} s; {machine()}")
     print(table(header, out))
-    for name, rows in results.items():
-        t = rows.get("trace")
-        if t is not None:
-            print(f"{name}: trace validation: {t['events']} events, {t['violations']} violations")
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
+    report_traces(results, args.json)
 
 
 if __name__ == "__main__":

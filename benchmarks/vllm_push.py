@@ -34,7 +34,7 @@ from typing import Any
 
 from _common import machine, table
 from _reaper import die_with_parent
-from _vllm_traces import validate
+from _vllm_traces import report_traces, validate
 from vllm_pd import LEASE, SHAPE, Server, metrics, post, prompt
 
 from leaseproto.integrations.vllm.tinymodel import build_tiny_model
@@ -208,12 +208,7 @@ def main() -> None:
     ]
     print(f"kv_lease_duration {LEASE} s, push_registration_timeout {REGISTRATION} s; {machine()}")
     print(table(header, rows))
-    for name, r in results.items():
-        t = r.get("trace")
-        if t is not None:
-            print(f"{name}: trace validation: {t['events']} events, {t['violations']} violations")
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
+    report_traces(results, args.json)
 
 
 if __name__ == "__main__":
