@@ -380,7 +380,9 @@ def run_two_turns(
             before = {side: metrics(s.port) for side, s in (("p", p), ("d", d))}
             try:
                 row = two_turns(
-                    partial(post, timeout=240.0),  # a hung engine fails the pair in 4 min
+                    # a hung engine fails the pair in 10 min; NIXL's add_remote_agent of a
+                    # peer took 90 s once here (P's worker took no step meanwhile)
+                    partial(post, timeout=600.0),
                     p_port=p.port,
                     d_port=d.port,
                     turn1=t1,

@@ -81,8 +81,8 @@ def test_leaseproto_pair_two_turns_equal_one_instance(tmp_path: Path) -> None:
     On two busy cores (vLLM's idle CPU workers spin) D's verdict can come later than P's
     bound, or vLLM's 5 s handshake to D time out: P then fails the read and prefills the
     whole prompt itself, and the turn must still equal the reference (a vLLM 0.32 P hung
-    there, CI's failure on 6159dbf; our scheduler's get_num_new_matched_tokens fixes it).
-    Every read is verified or failed, never used unverified; at least one is verified."""
+    there: our scheduler's get_num_new_matched_tokens fixes it). Every read is verified
+    or failed, never used unverified; at least one is verified."""
     res = _bench(tmp_path, "--two-turn", "--conversations", "3", "--max-tokens", "60")
     rows = res["conversations"]
     assert len(rows) == 3, rows

@@ -8,6 +8,7 @@ A virtual clock. Needs vLLM."""
 from __future__ import annotations
 
 import logging
+import struct
 from typing import Any
 
 import pytest
@@ -265,6 +266,20 @@ def test_a_hello_carrying_another_agents_metadata_is_refused(clock: dict[str, fl
     p.nixl_wrapper.deliver("x", b"p1:1")
     p._get_new_notifs()
     assert p.nixl_wrapper.sent == []  # x never became a verdict reader
+
+
+def test_a_hello_naming_another_agent_in_nixl_metadata_loads_nothing(
+    clock: dict[str, float],
+) -> None:
+    """Read from NIXL's layout, the name is checked before loading: another agent's
+    metadata is neither loaded nor removed (the agent it names may be a reader P holds;
+    the check after loading removed it)."""
+    p = _prefill(0, clock)
+    other = b"nixlSerDes|Agent" + struct.pack("<Q", 2) + b"d0|Conns"
+    p.nixl_wrapper.deliver("x", b"leaseproto/1,hello," + other)
+    p._get_new_notifs()
+    assert getattr(p.nixl_wrapper, "added", []) == [] and p.nixl_wrapper.removed == []
+    assert worker_stat(p, "lp_malformed") == 1
 
 
 # -- rate-limited log lines ---------------------------------------------------------------

@@ -24,6 +24,7 @@ from leaseproto.adapters.droplog import DropLog
 from leaseproto.adapters.trace_writer import text
 from leaseproto.core.mac_peers import ANSWER
 
+from .agents import metadata_agent_name
 from .binding import Greeters, ReaderBindings
 from .verify import agent_name, decode_hello
 
@@ -321,6 +322,11 @@ class NotificationHandling:
         now = self._leases().now()
         if agent in greeters:  # greeted again after a silence: still loaded
             self._answer_hello(agent)
+            return
+        named = metadata_agent_name(metadata)
+        if named is not None and named != agent:  # another agent's metadata: not loaded
+            self._stat("lp_malformed")
+            self._drops().drop("hello", f"from {agent} carried the metadata of {named}")
             return
         try:
             name = agent_name(self.nixl_wrapper.add_remote_agent(metadata))
