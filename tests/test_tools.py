@@ -164,6 +164,35 @@ def test_the_report_counts_kills_by_kind(
     assert mutation_layers.kind_of("proofs", {"killed": True, "first": ""}) == "behaviour"
 
 
+def test_the_report_gives_the_proofs_share_on_the_data_structures_by_behaviour(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 20's item 1: what ``prove`` alone kills by a failed obligation among the
+    mutants of the data-structure modules; a crash of the code on z3 terms does not
+    count, nor does a mutant of another module."""
+    import mutation_run
+
+    table = mutants.mutants(1.0, modules=("table.py",))[:3]
+    other = mutants.mutants(1.0, modules=("errors.py",))[:1]
+    proofs = [
+        {"killed": True, "kind": "behaviour", "first": "x"},
+        {"killed": True, "kind": "crash", "first": "y"},
+        {"killed": False},
+        {"killed": True, "kind": "behaviour", "first": "z"},
+    ]
+    rows = [
+        {"key": m.key, "where": "w", "what": "x", "tests": {"killed": True}, "proofs": p}
+        for m, p in zip([*table, *other], proofs, strict=True)
+    ]
+    out = tmp_path / "data.jsonl"
+    out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    mutation_run.report(out)
+    text = capsys.readouterr().out
+    by = "by wrong behaviour: tests 3, checker 0, proofs 1"  # a test's kill without a kind
+    assert f"table.py: 3 run, 3 killed, 0 equivalent; {by}" in text
+    assert "renewal.py, tracker.py: 1 of 3 non-equivalent (33.3%)" in text
+
+
 def test_a_failed_test_is_classed_by_what_it_raised() -> None:
     """The tests layer tells a failed assertion (wrong behaviour) from an exception
     of the mutated code (a crash) and a refused call (misuse)."""
