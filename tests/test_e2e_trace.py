@@ -34,6 +34,10 @@ def test_a_real_run_passes_and_its_mutants_fail(tmp_path: Path) -> None:
     assert report["files"] == 2 and report["leases"] == 6 and report["uses"] == 6
     assert report["matched"] > 6 and report["cut"] == 0
     p_path, d_path = run / "prefill-0.trace.jsonl", run / "decode-0.trace.jsonl"
+    # every used read's verdict path is measured on the workers' shared clock
+    verdicts = report["verdicts"]
+    assert verdicts["reads"] == 6 and verdicts["unanswered"] == [], verdicts
+    assert all(verdicts[s]["median"] >= 0 for s in ("to_p_poll", "p_answer", "to_d_poll"))
 
     def mutant(name: str, p: list[dict[str, object]], d: list[dict[str, object]]) -> list[Path]:
         folder = tmp_path / name

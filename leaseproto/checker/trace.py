@@ -49,6 +49,7 @@ from ..core.state import LeaseState
 from .trace_push import check_push_events, push_use
 from .trace_rules import Event, PrefillReplay, Violation
 from .trace_timing import DEFAULT_SLACK, Timing, check_timing
+from .trace_verdicts import Verdicts, verdict_delays
 
 __all__ = ["Report", "TraceError", "TraceFile", "check_files", "check_traces", "load"]
 
@@ -100,6 +101,8 @@ class Report:
     violations: list[Violation] = field(default_factory=list)
     #: I8 and I11 (:mod:`.trace_timing`): violations only with ``timing=True``
     timing: Timing = field(default_factory=Timing)
+    #: how long verified reads waited for their verdicts (:mod:`.trace_verdicts`)
+    verdicts: Verdicts = field(default_factory=Verdicts)
 
     @property
     def ok(self) -> bool:
@@ -120,7 +123,8 @@ class Report:
             f"untraced agents), {self.uses} reads used ({self.prefix_uses} turn-2 prefixes, "
             f"I14; {self.push_uses} pushed KV, I15), {self.recomputes} prefixes recomputed; "
             f"{self.seconds:.3f} s\n"
-            f"{self.timing.summary()}"
+            f"{self.timing.summary()}\n"
+            f"{self.verdicts.summary()}"
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -139,6 +143,7 @@ class Report:
             "push_uses": self.push_uses,
             "recomputes": self.recomputes,
             "timing": self.timing.as_dict(),
+            "verdicts": self.verdicts.as_dict(),
             "seconds": self.seconds,
             "violations": len(self.violations),
             "by_invariant": dict(Counter(v.invariant for v in self.violations)),
@@ -410,6 +415,7 @@ def check_traces(
             _decode(tf, by_agent, replays, report)
     _network(traces, report)
     report.timing = check_timing(traces, slack=slack)
+    report.verdicts = verdict_delays(traces)
     if timing:
         report.violations += report.timing.findings
     report.seconds = time.perf_counter() - start
