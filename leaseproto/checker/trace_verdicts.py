@@ -26,27 +26,17 @@ import statistics
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from ..core import wire
 from ..core.config import LeaseConfig
 from ..core.errors import LeaseProtocolError
 from .trace_rules import Event
+from .trace_timing import TraceFile
 
 __all__ = ["Verdicts", "verdict_delays"]
 
 SEGMENTS = ("to_p_poll", "p_answer", "to_d_poll", "to_release", "read_to_use")
-
-
-class TraceFile(Protocol):
-    @property
-    def agent(self) -> str: ...
-    @property
-    def role(self) -> str: ...
-    @property
-    def header(self) -> dict[str, Any]: ...
-    @property
-    def events(self) -> list[Event]: ...
 
 
 @dataclass
