@@ -27,6 +27,7 @@ def validate(traces: Path) -> dict[str, Any] | None:
         f"({report.leases} leases, {report.uses} verified reads used; {len(files)} files)",
         flush=True,
     )
+    print(report.verdicts.summary(), flush=True)
     for v in report.violations[:5]:
         print("  ", v, flush=True)
     return out

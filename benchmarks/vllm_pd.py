@@ -42,6 +42,7 @@ from typing import Any
 
 from _common import machine, table
 from _reaper import die_with_parent, reap_group_on_exit
+from _vllm_latency import d_leg_rounds, summarise
 from _vllm_traces import report_traces, validate
 from _vllm_turns import tokens, two_turns
 
@@ -408,6 +409,71 @@ def run_two_turns(
     return {"conversations": rows, "trace": validate(traces)}
 
 
+def run_latency(model: Path, logs: Path, rounds: int) -> dict[str, Any]:
+    """D's leg on the stock pair and ours, interleaved (:mod:`_vllm_latency`)."""
+    names = ("stock", "leaseproto")
+    servers: dict[str, tuple[Server, Server]] = {}
+    traces = logs / "latency-traces"
+    try:
+        for name in names:
+            p_conn, d_conn = PAIRS[name]
+            tag = f"latency-{name}"
+            servers[name] = (
+                server(model, "kv_producer", p_conn, logs / f"{tag}-P.log", traces),
+                server(model, "kv_consumer", d_conn, logs / f"{tag}-D.log", traces),
+            )
+        for p, d in servers.values():
+            p.wait_up()
+            d.wait_up()
+        before = metrics(servers["leaseproto"][1].port)
+        res = d_leg_rounds(
+            post,
+            {n: (p.port, d.port) for n, (p, d) in servers.items()},
+            [prompt(i) for i in range(rounds)],
+        )
+        time.sleep(2)  # two stats intervals
+        after = metrics(servers["leaseproto"][1].port)
+    finally:
+        for p, d in servers.values():
+            d.stop()
+            p.stop()
+    out = summarise(res, "stock")
+    out["d_counters"] = {k: v - before.get(k, 0.0) for k, v in after.items() if "leaseproto" in k}
+    out["raw"] = res
+    out["trace"] = validate(traces)
+    return out
+
+
+def latency_table(res: dict[str, Any]) -> tuple[tuple[str, ...], list[tuple[Any, ...]]]:
+    header = (
+        "pair",
+        "requests",
+        "D leg median ms",
+        "p90 ms",
+        "min-max ms",
+        "vs stock (median)",
+        "per-slice ratios",
+        "P leg median ms",
+    )
+    out = []
+    for name, r in res["pairs"].items():
+        out.append(
+            (
+                name,
+                r["n"],
+                r["median_ms"],
+                r["p90_ms"],
+                f"{r['min_ms']}-{r['max_ms']}",
+                "-" if "ratio" not in r else f"{r['ratio']:.2f}x",
+                "-"
+                if "ratio" not in r
+                else f"{min(r['ratio_slices']):.2f}-{max(r['ratio_slices']):.2f}",
+                r["p_leg_median_ms"],
+            )
+        )
+    return header, out
+
+
 def two_turn_table(turns: dict[str, Any]) -> tuple[tuple[str, ...], list[tuple[Any, ...]]]:
     """One row per pair: what the conversations gave, and what P and D counted."""
 
@@ -467,8 +533,27 @@ def main() -> None:
     ap.add_argument(
         "--first-conversation", type=int, default=0, help="number of the first conversation"
     )
+    ap.add_argument(
+        "--latency",
+        action="store_true",
+        help="only D's leg (READ + first token), stock and ours interleaved",
+    )
+    ap.add_argument("--rounds", type=int, default=60, help="requests per pair for --latency")
     args = ap.parse_args()
     die_with_parent()  # and each server with this process (_reaper)
+    if args.latency:
+        work = args.workdir or Path(tempfile.mkdtemp(prefix="vllm_pd-"))
+        model = build_tiny_model(work / "tiny-qwen3")
+        res = run_latency(model, work, args.rounds)
+        load = res["load"]
+        print(f"kv_lease_duration {LEASE} s; load {min(load):.1f}-{max(load):.1f}; {machine()}")
+        print(table(*latency_table(res)))
+        print("leaseproto D counters:", res["d_counters"])
+        if res["trace"] is not None:
+            print("verdicts:", res["trace"].get("verdicts"))
+        if args.json:
+            args.json.write_text(json.dumps(res, indent=1))
+        return
     if args.two_turn:
         work = args.workdir or Path(tempfile.mkdtemp(prefix="vllm_pd-"))
         model = build_tiny_model(work / "tiny-qwen3")

@@ -1,0 +1,103 @@
+"""D's leg, stock against ours, interleaved (``benchmarks/vllm_pd.py --latency``).
+
+Both pairs run at once (stock P and D, ``LeaseprotoConnector`` P and D); requests
+go one at a time, alternating between the pairs in ABBA order, so a change of
+load on the shared machine moves both sides alike. Each request is routed as
+vLLM's toy proxy does (prefill on P with ``do_remote_decode``, then D with P's
+``kv_transfer_params``); *D's leg* is the wall time of D's completion with
+``max_tokens`` 1: its READ of P's blocks, the verdict wait (ours), and the first
+token. The ratio is ours / stock of the medians; its spread is the ratio of the
+medians within each of ``blocks`` consecutive slices of the run (min-max)."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["d_leg_rounds", "summarise"]
+
+Post = Callable[[int, dict[str, Any]], dict[str, Any]]
+
+
+def _body(text: str, params: dict[str, Any]) -> dict[str, Any]:
+    """A completion of one token, greedy, with ``params`` as its kv_transfer_params."""
+    return {
+        "model": "m",
+        "prompt": text,
+        "max_tokens": 1,
+        "temperature": 0,
+        "kv_transfer_params": params,
+    }
+
+
+def _leg(post: Post, p_port: int, d_port: int, text: str) -> tuple[float, float, str]:
+    """One request through a pair: (P's leg s, D's leg s, D's first token)."""
+    t0 = time.perf_counter()
+    first = post(p_port, _body(text, {"do_remote_decode": True, "do_remote_prefill": False}))
+    t1 = time.perf_counter()
+    out = post(d_port, _body(text, first["kv_transfer_params"]))
+    t2 = time.perf_counter()
+    return t1 - t0, t2 - t1, str(out["choices"][0]["text"])
+
+
+def d_leg_rounds(
+    post: Post,
+    pairs: dict[str, tuple[int, int]],
+    prompts: list[str],
+    *,
+    warmup: int = 3,
+) -> dict[str, Any]:
+    """Each prompt through every pair (``name -> (p_port, d_port)``), the pairs'
+    order alternating ABBA; the first ``warmup`` prompts are not counted."""
+    names = list(pairs)
+    legs: dict[str, list[float]] = {n: [] for n in names}
+    p_legs: dict[str, list[float]] = {n: [] for n in names}
+    tokens: dict[str, list[str]] = {n: [] for n in names}
+    load = [os.getloadavg()[0]]
+    for i, text in enumerate(prompts):
+        order = names if (i // 2) % 2 == 0 else names[::-1]  # A B, B A, A B, ...
+        for name in order:
+            p_s, d_s, tok = _leg(post, *pairs[name], text)
+            if i >= warmup:
+                legs[name].append(d_s)
+                p_legs[name].append(p_s)
+                tokens[name].append(tok)
+        if i % 10 == 0:
+            load.append(os.getloadavg()[0])
+    load.append(os.getloadavg()[0])
+    return {"d_leg_s": legs, "p_leg_s": p_legs, "tokens": tokens, "load": load}
+
+
+def summarise(res: dict[str, Any], base: str, blocks: int = 5) -> dict[str, Any]:
+    """Per pair: D's leg median, min, max, p90 (ms); ours / ``base`` of the medians,
+    with the min-max of that ratio over ``blocks`` slices of the run."""
+    legs: dict[str, list[float]] = res["d_leg_s"]
+    out: dict[str, Any] = {"pairs": {}, "load": res["load"]}
+    for name, xs in legs.items():
+        s = sorted(xs)
+        out["pairs"][name] = {
+            "n": len(s),
+            "median_ms": round(1e3 * statistics.median(s), 2),
+            "p90_ms": round(1e3 * s[min(len(s) - 1, int(0.9 * len(s)))], 2),
+            "min_ms": round(1e3 * s[0], 2),
+            "max_ms": round(1e3 * s[-1], 2),
+            "p_leg_median_ms": round(1e3 * statistics.median(res["p_leg_s"][name]), 2),
+        }
+    ref = legs[base]
+    n = len(ref)
+    size = max(1, n // blocks)
+    for name, xs in legs.items():
+        if name == base:
+            continue
+        slices = [
+            statistics.median(xs[k : k + size]) / statistics.median(ref[k : k + size])
+            for k in range(0, n - size + 1, size)
+        ]
+        out["pairs"][name]["ratio"] = round(statistics.median(xs) / statistics.median(ref), 3)
+        out["pairs"][name]["ratio_slices"] = [round(r, 3) for r in slices]
+        same = sum(a == b for a, b in zip(res["tokens"][name], res["tokens"][base], strict=True))
+        out["pairs"][name]["same_first_token"] = f"{same}/{n}"
+    return out
