@@ -545,3 +545,39 @@ def test_pruning_forgets_only_the_tombstones_past_their_ttl() -> None:
     assert t.expire(now=10.0) == []  # old's tombstone is 10 s old: forgotten
     assert t.ended("old") is None
     assert t.ended("new") is not None  # 5 s old: kept
+
+
+# -- the list of grants (deadlines.py: leases granted for the default ttl) -----------------
+def test_grants_at_one_instant_all_stay_in_the_list_of_grants() -> None:
+    # equal deadlines keep the list sorted: none is sent to the calendar (a heap push
+    # and a bucket each), which only grants before the latest one's deadline need
+    t = table()
+    for i in range(3):
+        t.grant(f"r{i}", now=5.0)
+    q = t._queue
+    assert [lease.req_id for lease in q._grants] == ["r0", "r1", "r2"]
+    assert q._buckets == {} and q._keys == []
+    assert [r.req_id for r in t.expire(now=35.0)] == ["r0", "r1", "r2"]
+
+
+@pytest.mark.parametrize(("taken", "trimmed"), [(1023, False), (1024, True)])
+def test_the_taken_part_of_the_list_of_grants_is_dropped_once_it_is_1024_and_half(
+    taken: int, trimmed: bool
+) -> None:
+    # the list is cut (a copy of what is left) only once the taken prefix is at least
+    # 1,024 entries and half the list, so the cut's cost is spread over as many takes,
+    # and the list stays within twice the grants not yet due
+    t = table()
+    n = 2 * taken
+    for i in range(n):
+        t.grant(f"r{i}", now=i / 1024)  # exact in binary: deadlines 30 + i / 1024
+    got = t.expire(now=30.0 + (taken - 1) / 1024)
+    assert len(got) == taken
+    q = t._queue
+    assert (len(q._grants), q._head) == ((n - taken, 0) if trimmed else (n, taken))
+    # the first grant not taken is the next one due, exactly: take_due skips the list
+    # until then
+    assert q._first == 30.0 + taken / 1024
+    assert t.next_deadline() == 30.0 + taken / 1024
+    assert [r.req_id for r in t.expire(now=30.0 + taken / 1024)] == [f"r{taken}"]
+    _check_queue(t)
