@@ -581,3 +581,44 @@ def test_the_taken_part_of_the_list_of_grants_is_dropped_once_it_is_1024_and_hal
     assert t.next_deadline() == 30.0 + taken / 1024
     assert [r.req_id for r in t.expire(now=30.0 + taken / 1024)] == [f"r{taken}"]
     _check_queue(t)
+
+
+def test_grants_renewed_alike_are_queued_again_once_each() -> None:
+    # a heartbeat renews an engine's leases to one deadline: met in the list of
+    # grants, they go into the calendar together, each with exactly one entry
+    t = table()
+    for r in ("a", "b", "c"):
+        t.grant(r, now=0.0)
+    assert t.renew(["a", "b", "c"], now=15.0) == 3  # all to 35
+    assert t.expire(now=30.0) == []
+    _check_queue(t)
+    assert [lease.req_id for _, lease in t._queue.entries()] == ["a", "b", "c"]
+    assert [r.req_id for r in t.expire(now=35.0)] == ["a", "b", "c"]
+
+
+def test_stale_grants_dropped_from_the_list_are_counted_off_once_each() -> None:
+    # b's entry in the list and d's in the calendar are stale; taking the list's due
+    # part drops b's (and only b's) from the count
+    t = table()
+    t.grant("a", now=0.0)
+    t.grant("b", now=0.0)
+    t.grant("c", now=0.0)
+    t.grant("d", now=0.0, ttl=40.0)  # not the default ttl: in the calendar
+    t.abort("b", now=1.0)
+    t.abort("d", now=1.0)
+    assert t._queue.stale == 2
+    assert t.renew(["c"], now=15.0) == 1  # c renewed: it leaves the list for the calendar
+    assert [r.req_id for r in t.expire(now=30.0)] == ["a"]
+    assert t._queue.stale == 1  # d's
+    _check_queue(t)
+
+
+def test_an_early_transfer_still_within_staging_ttl_outlives_an_older_one() -> None:
+    # the prune at a's staging deadline drops a alone: b, staged later, still counts
+    t = table(staging_ttl=5.0)
+    t.transfer_done("a", now=0.0)
+    t.transfer_done("b", now=2.0)
+    t.expire(now=5.0)  # a is 5 s old: dropped
+    assert t.stats.early_dropped == 1
+    r = t.grant("b", now=6.5)  # b is 4.5 s old: applied
+    assert isinstance(r, Release) and r.reason is ReleaseReason.TRANSFERRED

@@ -79,6 +79,15 @@ EQUIVALENT: dict[str, str] = {
     "takes `bisect.insort` instead of `push` (an append, the bucket existing) also when the "
     "bucket's last entry has the same `seq`; a bucket is sorted by `seq`, so insort_right puts "
     "the lease at the end too: the same list (the take_due entry above, for the inline copy)",
+    "deadlines.py:DeadlineQueue.grant:statement deleted:self._tail = deadline#0": "`_tail` is "
+    "read only by `grant`'s test `self._tail <= deadline`, which can only be true: a grant in "
+    "the list has the deadline `grant_deadline(now, ttl) = now + ttl` for the queue's one "
+    "`ttl`, the table refuses a `now` before the last it saw, and `now + ttl` does not "
+    "decrease as `now` grows (float addition is monotone), so each such deadline is at least "
+    "the latest one's; left at -inf, the test is true as well: every grant goes where it went",
+    "deadlines.py:DeadlineQueue._requeue_all:return None:return False#0": "its one caller reads "
+    "the answer only as the condition of `if len(renewed) > 1 and self._requeue_all(renewed)`, "
+    "where `None` is as false as `False`: the per-deadline loop runs either way",
     # -- renewal.py --
     "renewal.py:renew_ids:constant True -> False:True#0": "`zip(ids, found, strict=False)`: "
     "every caller builds `found` as `list(map(self._leases.get, ids))`, so the two always have "
