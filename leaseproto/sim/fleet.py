@@ -107,6 +107,8 @@ class FleetRun(DecodeSide):
         self._seq = itertools.count()
         self._rr = 0
         self._held = 0
+        self._peak = 0
+        self._end = sc.duration
         self._area = 0.0
         self._area_t = 0.0
         self._waits: list[float] = []
@@ -129,14 +131,17 @@ class FleetRun(DecodeSide):
         self._h_d_decoded: Handler = self._d_decoded
 
     # -- plumbing -----------------------------------------------------------------------
-    def _held_change(self, t: float, delta: int) -> None:
-        end = self.sc.duration
-        if self._area_t < end:
-            upto = min(t, end)
-            self._area += self._held * (upto - self._area_t)
+    def _held_change(self, t: float, delta: int) -> int:
+        """Add ``delta`` blocks held from ``t`` on; returns the blocks held now.
+        (The area under the curve stops at the end of the arrivals window.)"""
+        area_t = self._area_t
+        held = self._held
+        if area_t < self._end:
+            upto = t if t < self._end else self._end
+            self._area += held * (upto - area_t)
             self._area_t = upto
-        self._held += delta
-        self.fig.p_blocks_peak = max(self.fig.p_blocks_peak, self._held)
+        held = self._held = held + delta
+        return held
 
     # -- run ----------------------------------------------------------------------------
     def run(self) -> tuple[Figures, Series]:
@@ -179,7 +184,7 @@ class FleetRun(DecodeSide):
         nxt = 0
         ta = arrivals[0] if n else inf
         events = 0
-        while True:
+        for events in itertools.count():  # the events handled before this one
             if heap:
                 top = heap[0]
                 t = top[0]
@@ -198,7 +203,6 @@ class FleetRun(DecodeSide):
                 ta = arrivals[nxt] if nxt < n else inf
             else:
                 break
-            events += 1
             if progress is not None and not events & 0x3FFF:
                 progress(t)
         return events
@@ -207,6 +211,7 @@ class FleetRun(DecodeSide):
         fig = self.fig
         sc = self.sc
         self._held_change(sc.duration, 0)
+        fig.p_blocks_peak = self._peak
         fig.p_blocks_mean = self._area / sc.duration
         fig.events = events
         for p in self.ps:
@@ -287,7 +292,9 @@ class FleetRun(DecodeSide):
         rid = wl.rid[i]
         table = p.table
         table.grant(rid, now=t, ttl=self.policy.ttl)
-        self._held_change(t, wl.blocks[i])
+        held = self._held_change(t, wl.blocks[i])
+        if held > self._peak:  # only a grant can raise the peak
+            self._peak = held
         # The table's earliest deadline is now the smaller of the one before and the new
         # lease's; an expiry is already due at or before the grid boundary of the one
         # before (p.expire_at), so only the new deadline can ask for an earlier one. This
