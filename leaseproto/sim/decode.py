@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..core import wire
+from ..core.table import LeaseTable
 from ..core.tracker import HeartbeatTracker
 from .engines import DEngine, PEngine, grid
 from .figures import Figures
@@ -42,6 +43,7 @@ class DecodeSide:
     ps: list[PEngine]
     ds: list[DEngine]
     p_by_name: dict[str, PEngine]
+    p_inbox: dict[str, tuple[float, LeaseTable]]
     p_of: list[int]
     stage: list[int]
     d_arrival: list[float]
@@ -75,7 +77,7 @@ class DecodeSide:
         sc = self.sc
         arrive = t + sc.delay_base + self.net.random() * sc.delay_jitter
         b = grid(arrive, sc.p_step, p.phase)
-        heapq.heappush(self._heap, (b, _NOTIFY, next(self._seq), self._h_p_notify, (p, msg)))
+        heapq.heappush(self._heap, (b, _NOTIFY, next(self._seq), self._h_p_notify, (p.table, msg)))
 
     def _route(self) -> DEngine:
         ds = self.ds
@@ -156,11 +158,10 @@ class DecodeSide:
             sent, jitter, period, max_bytes = self._hb_net
             rnd = self.net.random
             notify = self._h_p_heartbeat
-            p_by_name = self.p_by_name
+            inbox = self.p_inbox
             ids_sent = msgs = size = 0
             for engine, ids in due.items():
-                p = p_by_name[engine]
-                phase = p.phase
+                phase, table = inbox[engine]
                 ids_sent += len(ids)
                 for msg in tr.payloads(ids, max_bytes=max_bytes):
                     msgs += 1
@@ -169,7 +170,7 @@ class DecodeSide:
                     b = phase + math.ceil((arrive - phase) / period) * period  # grid()
                     if b < arrive:
                         b += period
-                    heapq.heappush(heap, (b, _NOTIFY, next(seq), notify, (p, msg)))
+                    heapq.heappush(heap, (b, _NOTIFY, next(seq), notify, (table, msg)))
             self.fig.hb_ids += ids_sent
             self._hb_msgs += msgs
             self._hb_bytes += size

@@ -45,6 +45,7 @@ from typing import Any
 
 from ..core import wire
 from ..core.events import Release, ReleaseReason
+from ..core.table import LeaseTable
 from .decode import _AT_D, _EXPIRE, _OTHER, _PREFILL, _READING, DecodeSide, Handler
 from .engines import DEngine, PEngine, grid
 from .figures import Figures, Series, percentile
@@ -78,6 +79,8 @@ class FleetRun(DecodeSide):
         n = len(workload)
         self.ps = [PEngine(i, policy, workload.p_phase[i]) for i in range(sc.p_engines)]
         self.p_by_name = {p.name: p for p in self.ps}
+        # P engine name -> (phase of its step grid, its table): where a heartbeat goes
+        self.p_inbox = {p.name: (p.phase, p.table) for p in self.ps}
         # len(queue) + busy of each P engine, by index: the router's choice is the
         # first engine with the least load (what min over (load, index) picks)
         self._p_load = [0] * sc.p_engines
@@ -293,8 +296,7 @@ class FleetRun(DecodeSide):
         table = p.table
         table.grant(rid, now=t, ttl=self.policy.ttl)
         held = self._held_change(t, wl.blocks[i])
-        if held > self._peak:  # only a grant can raise the peak
-            self._peak = held
+        self._peak = max(self._peak, held)  # only a grant can raise the peak
         # The table's earliest deadline is now the smaller of the one before and the new
         # lease's; an expiry is already due at or before the grid boundary of the one
         # before (p.expire_at), so only the new deadline can ask for an earlier one. This
@@ -331,23 +333,24 @@ class FleetRun(DecodeSide):
             self._released(rel)
         self._want_expire(p)
 
-    def _p_heartbeat(self, t: float, arg: tuple[PEngine, bytes]) -> None:
+    def _p_heartbeat(self, t: float, arg: tuple[LeaseTable, bytes]) -> None:
         # what our prefill worker does with a heartbeat: decode and renew in one pass
         # (the same decisions as wire.decode then renew); the rest goes the long way
-        p, raw = arg
-        if p.table.renew_heartbeat(raw, now=t) is None:
+        table, raw = arg
+        if table.renew_heartbeat(raw, now=t) is None:
             self._p_notify(t, arg)
 
-    def _p_notify(self, t: float, arg: tuple[PEngine, bytes]) -> None:
-        p, raw = arg
+    def _p_notify(self, t: float, arg: tuple[LeaseTable, bytes]) -> None:
+        # (a notification's event carries P's table: all P does with one is in it)
+        table, raw = arg
         msg = wire.decode(raw)  # the sim only sends well-formed messages
         if type(msg) is wire.TransferDone:
-            out = p.table.transfer_done(msg.req_id, now=t)
+            out = table.transfer_done(msg.req_id, now=t)
             if type(out) is Release:
                 self._released(out)
             # a LateTransfer is counted by the table (stats.late_transfers)
         elif type(msg) is wire.Heartbeat:
-            p.table.renew(msg.ids, now=t)
+            table.renew(msg.ids, now=t)
 
     def _released(self, rel: Release) -> None:
         i = self.idx_of[rel.req_id]
