@@ -126,7 +126,7 @@ class FleetRun(DecodeSide):
         self._h_prefilled: Handler = self._prefilled
         self._h_d_arrive: Handler = self._d_arrive
         self._h_p_expire: Handler = self._p_expire
-        self._h_p_notify: Handler = self._p_notify
+        self._h_p_transfer_done: Handler = self._p_transfer_done
         self._h_p_heartbeat: Handler = self._p_heartbeat
         self._h_d_heartbeat: Handler = self._d_heartbeat
         self._h_d_schedule: Handler = self._d_schedule
@@ -302,14 +302,16 @@ class FleetRun(DecodeSide):
         # before (p.expire_at), so only the new deadline can ask for an earlier one. This
         # leaves the table's lazy queue alone (next_deadline() walks and requeues the
         # renewed leases at its head: the costliest call of a busy fleet's grants).
+        # (grid(deadline) >= deadline: a deadline at or after p.expire_at asks for nothing)
         deadline = table.deadline(rid)
         assert deadline is not None
-        b = grid(deadline, self.sc.p_step, p.phase)
         heap = self._heap
         seq = self._seq
-        if b < p.expire_at:
-            p.expire_at = b
-            heapq.heappush(heap, (b, _EXPIRE, next(seq), self._h_p_expire, p))
+        if deadline < p.expire_at:
+            b = grid(deadline, self.sc.p_step, p.phase)
+            if b < p.expire_at:
+                p.expire_at = b
+                heapq.heappush(heap, (b, _EXPIRE, next(seq), self._h_p_expire, p))
         self.stage[i] = _AT_D
         at = t + self.sc.router_transit
         heapq.heappush(heap, (at, _OTHER, next(seq), self._h_d_arrive, (self._route(), i)))
@@ -330,7 +332,7 @@ class FleetRun(DecodeSide):
         if t >= p.expire_at:
             p.expire_at = math.inf
         for rel in p.table.expire(now=t):
-            self._released(rel)
+            self._released(rel, self.idx_of[rel.req_id])
         self._want_expire(p)
 
     def _p_heartbeat(self, t: float, arg: tuple[LeaseTable, bytes]) -> None:
@@ -347,13 +349,22 @@ class FleetRun(DecodeSide):
         if type(msg) is wire.TransferDone:
             out = table.transfer_done(msg.req_id, now=t)
             if type(out) is Release:
-                self._released(out)
-            # a LateTransfer is counted by the table (stats.late_transfers)
+                self._released(out, self.idx_of[msg.req_id])
         elif type(msg) is wire.Heartbeat:
             table.renew(msg.ids, now=t)
 
-    def _released(self, rel: Release) -> None:
-        i = self.idx_of[rel.req_id]
+    def _p_transfer_done(self, t: float, arg: tuple[LeaseTable, bytes, int]) -> None:
+        # D's transfer-done of request i
+        table, raw, i = arg
+        msg = wire.decode(raw)  # the sim only sends well-formed messages
+        assert type(msg) is wire.TransferDone
+        out = table.transfer_done(msg.req_id, now=t)
+        if type(out) is Release:
+            self._released(out, i)
+        # a LateTransfer is counted by the table (stats.late_transfers)
+
+    def _released(self, rel: Release, i: int) -> None:
+        # request i's lease ended
         blocks = self.wl.blocks[i]
         self._held_change(rel.at, -blocks)
         self.release_of[i] = rel
