@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..core import wire
+from ..core.table import LeaseTable
 from ..core.tracker import HeartbeatTracker
 from .engines import DEngine, PEngine, grid
 from .figures import Figures
@@ -42,6 +43,7 @@ class DecodeSide:
     ps: list[PEngine]
     ds: list[DEngine]
     p_by_name: dict[str, PEngine]
+    p_inbox: dict[str, tuple[float, LeaseTable]]
     p_of: list[int]
     stage: list[int]
     d_arrival: list[float]
@@ -57,7 +59,7 @@ class DecodeSide:
     _hb_bytes_window: int
     #: (delay_base, delay_jitter, p_step, max_notification_bytes): a heartbeat's trip
     _hb_net: tuple[float, float, float, int]
-    _h_p_notify: Handler
+    _h_p_transfer_done: Handler
     _h_p_heartbeat: Handler
     _h_d_heartbeat: Handler
     _h_d_schedule: Handler
@@ -70,12 +72,16 @@ class DecodeSide:
     def _new_tracker(self) -> HeartbeatTracker | None:
         return HeartbeatTracker(self.policy.config) if self.policy.heartbeats else None
 
-    def _send(self, p: PEngine, t: float, msg: bytes) -> None:
-        # (written out in _d_heartbeat's loop too)
+    def _send_transfer_done(self, p: PEngine, t: float, i: int) -> None:
+        # D's transfer-done of request i to P (its delay as in _d_heartbeat's loop); the
+        # event names i too, so P finds the request without looking its id up
         sc = self.sc
+        msg = wire.encode_transfer_done(self.wl.rid[i], 1)
         arrive = t + sc.delay_base + self.net.random() * sc.delay_jitter
         b = grid(arrive, sc.p_step, p.phase)
-        heapq.heappush(self._heap, (b, _NOTIFY, next(self._seq), self._h_p_notify, (p, msg)))
+        heapq.heappush(
+            self._heap, (b, _NOTIFY, next(self._seq), self._h_p_transfer_done, (p.table, msg, i))
+        )
 
     def _route(self) -> DEngine:
         ds = self.ds
@@ -156,11 +162,10 @@ class DecodeSide:
             sent, jitter, period, max_bytes = self._hb_net
             rnd = self.net.random
             notify = self._h_p_heartbeat
-            p_by_name = self.p_by_name
+            inbox = self.p_inbox
             ids_sent = msgs = size = 0
             for engine, ids in due.items():
-                p = p_by_name[engine]
-                phase = p.phase
+                phase, table = inbox[engine]
                 ids_sent += len(ids)
                 for msg in tr.payloads(ids, max_bytes=max_bytes):
                     msgs += 1
@@ -169,7 +174,7 @@ class DecodeSide:
                     b = phase + math.ceil((arrive - phase) / period) * period  # grid()
                     if b < arrive:
                         b += period
-                    heapq.heappush(heap, (b, _NOTIFY, next(seq), notify, (p, msg)))
+                    heapq.heappush(heap, (b, _NOTIFY, next(seq), notify, (table, msg)))
             self.fig.hb_ids += ids_sent
             self._hb_msgs += msgs
             self._hb_bytes += size
@@ -220,7 +225,7 @@ class DecodeSide:
         rid = wl.rid[i]
         if d.tracker is not None:
             d.tracker.untrack(rid)
-        self._send(self.ps[self.p_of[i]], t, wire.encode_transfer_done(rid, 1))
+        self._send_transfer_done(self.ps[self.p_of[i]], t, i)
         heapq.heappush(
             self._heap, (t + wl.decode_s[i], _OTHER, next(self._seq), self._h_d_decoded, arg)
         )

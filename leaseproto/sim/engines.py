@@ -37,6 +37,7 @@ class DEngine:
         "alive",
         "dead_since",
         "epoch",
+        "gap",
         "hangs",
         "hb_times",
         "hs",
@@ -65,6 +66,9 @@ class DEngine:
         self.phase = phase
         self.stall_starts = [s for s, _ in stalls]
         self.stall_ends = [e for _, e in stalls]
+        # the last gap between two stalls step_at found a boundary in: [end, next start]
+        # (none yet: an empty interval)
+        self.gap = (math.inf, -math.inf)
         self.alive = True
         self.router_up = True
         self.epoch = 0
@@ -85,7 +89,16 @@ class DEngine:
         b = phase + math.ceil((t - phase) / period) * period  # grid(), written out
         if b < t:
             b += period
-        i = bisect_right(self.stall_starts, b) - 1
-        if i >= 0 and self.stall_starts[i] < b < self.stall_ends[i]:
-            b = self.stall_ends[i]
+        lo, hi = self.gap
+        if lo <= b <= hi:  # in the gap of the last call (most calls): in no stall
+            return b
+        starts = self.stall_starts
+        ends = self.stall_ends
+        i = bisect_right(starts, b) - 1  # the last stall that starts at or before b
+        self.gap = (
+            ends[i] if i >= 0 else -math.inf,
+            starts[i + 1] if i + 1 < len(starts) else math.inf,
+        )
+        if i >= 0 and starts[i] < b < ends[i]:
+            b = ends[i]
         return b

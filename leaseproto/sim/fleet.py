@@ -45,6 +45,7 @@ from typing import Any
 
 from ..core import wire
 from ..core.events import Release, ReleaseReason
+from ..core.table import LeaseTable
 from .decode import _AT_D, _EXPIRE, _OTHER, _PREFILL, _READING, DecodeSide, Handler
 from .engines import DEngine, PEngine, grid
 from .figures import Figures, Series, percentile
@@ -78,6 +79,8 @@ class FleetRun(DecodeSide):
         n = len(workload)
         self.ps = [PEngine(i, policy, workload.p_phase[i]) for i in range(sc.p_engines)]
         self.p_by_name = {p.name: p for p in self.ps}
+        # P engine name -> (phase of its step grid, its table): where a heartbeat goes
+        self.p_inbox = {p.name: (p.phase, p.table) for p in self.ps}
         # len(queue) + busy of each P engine, by index: the router's choice is the
         # first engine with the least load (what min over (load, index) picks)
         self._p_load = [0] * sc.p_engines
@@ -107,6 +110,8 @@ class FleetRun(DecodeSide):
         self._seq = itertools.count()
         self._rr = 0
         self._held = 0
+        self._peak = 0
+        self._end = sc.duration
         self._area = 0.0
         self._area_t = 0.0
         self._waits: list[float] = []
@@ -121,7 +126,7 @@ class FleetRun(DecodeSide):
         self._h_prefilled: Handler = self._prefilled
         self._h_d_arrive: Handler = self._d_arrive
         self._h_p_expire: Handler = self._p_expire
-        self._h_p_notify: Handler = self._p_notify
+        self._h_p_transfer_done: Handler = self._p_transfer_done
         self._h_p_heartbeat: Handler = self._p_heartbeat
         self._h_d_heartbeat: Handler = self._d_heartbeat
         self._h_d_schedule: Handler = self._d_schedule
@@ -129,14 +134,17 @@ class FleetRun(DecodeSide):
         self._h_d_decoded: Handler = self._d_decoded
 
     # -- plumbing -----------------------------------------------------------------------
-    def _held_change(self, t: float, delta: int) -> None:
-        end = self.sc.duration
-        if self._area_t < end:
-            upto = min(t, end)
-            self._area += self._held * (upto - self._area_t)
+    def _held_change(self, t: float, delta: int) -> int:
+        """Add ``delta`` blocks held from ``t`` on; returns the blocks held now.
+        (The area under the curve stops at the end of the arrivals window.)"""
+        area_t = self._area_t
+        held = self._held
+        if area_t < self._end:
+            upto = t if t < self._end else self._end
+            self._area += held * (upto - area_t)
             self._area_t = upto
-        self._held += delta
-        self.fig.p_blocks_peak = max(self.fig.p_blocks_peak, self._held)
+        held = self._held = held + delta
+        return held
 
     # -- run ----------------------------------------------------------------------------
     def run(self) -> tuple[Figures, Series]:
@@ -179,7 +187,7 @@ class FleetRun(DecodeSide):
         nxt = 0
         ta = arrivals[0] if n else inf
         events = 0
-        while True:
+        for events in itertools.count():  # the events handled before this one
             if heap:
                 top = heap[0]
                 t = top[0]
@@ -198,7 +206,6 @@ class FleetRun(DecodeSide):
                 ta = arrivals[nxt] if nxt < n else inf
             else:
                 break
-            events += 1
             if progress is not None and not events & 0x3FFF:
                 progress(t)
         return events
@@ -207,6 +214,7 @@ class FleetRun(DecodeSide):
         fig = self.fig
         sc = self.sc
         self._held_change(sc.duration, 0)
+        fig.p_blocks_peak = self._peak
         fig.p_blocks_mean = self._area / sc.duration
         fig.events = events
         for p in self.ps:
@@ -287,20 +295,23 @@ class FleetRun(DecodeSide):
         rid = wl.rid[i]
         table = p.table
         table.grant(rid, now=t, ttl=self.policy.ttl)
-        self._held_change(t, wl.blocks[i])
+        held = self._held_change(t, wl.blocks[i])
+        self._peak = max(self._peak, held)  # only a grant can raise the peak
         # The table's earliest deadline is now the smaller of the one before and the new
         # lease's; an expiry is already due at or before the grid boundary of the one
         # before (p.expire_at), so only the new deadline can ask for an earlier one. This
         # leaves the table's lazy queue alone (next_deadline() walks and requeues the
         # renewed leases at its head: the costliest call of a busy fleet's grants).
+        # (grid(deadline) >= deadline: a deadline at or after p.expire_at asks for nothing)
         deadline = table.deadline(rid)
         assert deadline is not None
-        b = grid(deadline, self.sc.p_step, p.phase)
         heap = self._heap
         seq = self._seq
-        if b < p.expire_at:
-            p.expire_at = b
-            heapq.heappush(heap, (b, _EXPIRE, next(seq), self._h_p_expire, p))
+        if deadline < p.expire_at:
+            b = grid(deadline, self.sc.p_step, p.phase)
+            if b < p.expire_at:
+                p.expire_at = b
+                heapq.heappush(heap, (b, _EXPIRE, next(seq), self._h_p_expire, p))
         self.stage[i] = _AT_D
         at = t + self.sc.router_transit
         heapq.heappush(heap, (at, _OTHER, next(seq), self._h_d_arrive, (self._route(), i)))
@@ -321,29 +332,39 @@ class FleetRun(DecodeSide):
         if t >= p.expire_at:
             p.expire_at = math.inf
         for rel in p.table.expire(now=t):
-            self._released(rel)
+            self._released(rel, self.idx_of[rel.req_id])
         self._want_expire(p)
 
-    def _p_heartbeat(self, t: float, arg: tuple[PEngine, bytes]) -> None:
+    def _p_heartbeat(self, t: float, arg: tuple[LeaseTable, bytes]) -> None:
         # what our prefill worker does with a heartbeat: decode and renew in one pass
         # (the same decisions as wire.decode then renew); the rest goes the long way
-        p, raw = arg
-        if p.table.renew_heartbeat(raw, now=t) is None:
+        table, raw = arg
+        if table.renew_heartbeat(raw, now=t) is None:
             self._p_notify(t, arg)
 
-    def _p_notify(self, t: float, arg: tuple[PEngine, bytes]) -> None:
-        p, raw = arg
+    def _p_notify(self, t: float, arg: tuple[LeaseTable, bytes]) -> None:
+        # (a notification's event carries P's table: all P does with one is in it)
+        table, raw = arg
         msg = wire.decode(raw)  # the sim only sends well-formed messages
         if type(msg) is wire.TransferDone:
-            out = p.table.transfer_done(msg.req_id, now=t)
+            out = table.transfer_done(msg.req_id, now=t)
             if type(out) is Release:
-                self._released(out)
-            # a LateTransfer is counted by the table (stats.late_transfers)
+                self._released(out, self.idx_of[msg.req_id])
         elif type(msg) is wire.Heartbeat:
-            p.table.renew(msg.ids, now=t)
+            table.renew(msg.ids, now=t)
 
-    def _released(self, rel: Release) -> None:
-        i = self.idx_of[rel.req_id]
+    def _p_transfer_done(self, t: float, arg: tuple[LeaseTable, bytes, int]) -> None:
+        # D's transfer-done of request i
+        table, raw, i = arg
+        msg = wire.decode(raw)  # the sim only sends well-formed messages
+        assert type(msg) is wire.TransferDone
+        out = table.transfer_done(msg.req_id, now=t)
+        if type(out) is Release:
+            self._released(out, i)
+        # a LateTransfer is counted by the table (stats.late_transfers)
+
+    def _released(self, rel: Release, i: int) -> None:
+        # request i's lease ended
         blocks = self.wl.blocks[i]
         self._held_change(rel.at, -blocks)
         self.release_of[i] = rel
