@@ -560,15 +560,16 @@ def test_grants_at_one_instant_all_stay_in_the_list_of_grants() -> None:
     assert [r.req_id for r in t.expire(now=35.0)] == ["r0", "r1", "r2"]
 
 
-@pytest.mark.parametrize(("taken", "trimmed"), [(1023, False), (1024, True)])
+@pytest.mark.parametrize(
+    ("taken", "n", "trimmed"), [(1023, 2046, False), (1024, 2048, True), (1024, 3000, False)]
+)
 def test_the_taken_part_of_the_list_of_grants_is_dropped_once_it_is_1024_and_half(
-    taken: int, trimmed: bool
+    taken: int, n: int, trimmed: bool
 ) -> None:
     # the list is cut (a copy of what is left) only once the taken prefix is at least
     # 1,024 entries and half the list, so the cut's cost is spread over as many takes,
     # and the list stays within twice the grants not yet due
     t = table()
-    n = 2 * taken
     for i in range(n):
         t.grant(f"r{i}", now=i / 1024)  # exact in binary: deadlines 30 + i / 1024
     got = t.expire(now=30.0 + (taken - 1) / 1024)
@@ -622,3 +623,36 @@ def test_an_early_transfer_still_within_staging_ttl_outlives_an_older_one() -> N
     assert t.stats.early_dropped == 1
     r = t.grant("b", now=6.5)  # b is 4.5 s old: applied
     assert isinstance(r, Release) and r.reason is ReleaseReason.TRANSFERRED
+
+
+def test_stale_calendar_entries_met_are_counted_off_and_removed() -> None:
+    # a and b share a calendar bucket (ttl 40, not the default); a ended: the walk of
+    # next_deadline and the take of expire each drop a's entry and count it off
+    for walk in (True, False):
+        t = table()
+        t.grant("a", now=0.0, ttl=40.0)
+        t.grant("b", now=0.0, ttl=40.0)
+        t.abort("a", now=1.0)
+        assert t._queue.stale == 1
+        if walk:
+            assert t.next_deadline() == 40.0
+            assert [lease.req_id for _, lease in t._queue.entries()] == ["b"]
+        else:
+            assert [r.req_id for r in t.expire(now=40.0)] == ["b"]
+        assert t._queue.stale == 0
+        _check_queue(t)
+
+
+def test_the_next_prune_is_when_the_oldest_kept_entry_is_too_old() -> None:
+    # after a prune, the table's next one is due exactly when the oldest tombstone or
+    # staged notification left reaches its ttl (earlier would prune for nothing)
+    t = table(tombstone_ttl=10.0, staging_ttl=5.0)
+    t.grant("x", now=0.0)
+    t.abort("x", now=0.0)  # a tombstone until 10
+    t.transfer_done("s1", now=3.0)  # staged until 8
+    t.transfer_done("s2", now=4.0)  # staged until 9
+    t.expire(now=8.0)  # prunes s1
+    assert t.stats.early_dropped == 1
+    assert t._prune_at == 9.0  # s2's
+    t.expire(now=9.0)  # prunes s2
+    assert t._prune_at == 10.0  # x's tombstone

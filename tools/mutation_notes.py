@@ -88,6 +88,15 @@ EQUIVALENT: dict[str, str] = {
     "deadlines.py:DeadlineQueue._requeue_all:return None:return False#0": "its one caller reads "
     "the answer only as the condition of `if len(renewed) > 1 and self._requeue_all(renewed)`, "
     "where `None` is as false as `False`: the per-deadline loop runs either way",
+    "deadlines.py:DeadlineQueue._queue_group:Lt -> LtE:bucket[-1].seq < leases[0].seq#0": "the "
+    "group is appended instead of merged also when the bucket's last entry has the same `seq` as "
+    "the group's first: the bucket and the group are each sorted by `seq`, so every entry of the "
+    "bucket is `<=` every one of the group, and the stable sort of `bucket + leases` returns that "
+    "very concatenation: the same list",
+    "deadlines.py:DeadlineQueue._take_grants:Gt -> GtE:len(renewed) > 1#0": "a single renewed "
+    "lease then goes through `_requeue_all` too: its checks hold for one live lease (held, and "
+    "its deadline equal to itself), and `_queue_group(later, [lease])` is what the per-deadline "
+    "loop below does with a group of one: the same calendar",
     # -- renewal.py --
     "renewal.py:renew_ids:constant True -> False:True#0": "`zip(ids, found, strict=False)`: "
     "every caller builds `found` as `list(map(self._leases.get, ids))`, so the two always have "
