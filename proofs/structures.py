@@ -16,13 +16,16 @@ and the obligation says that on no path do the two differ: every return value
 (releases with their reasons, times and order, verdict inputs, renewal counts,
 ``lost``, the ids a heartbeat payload renewed, ``lost_reason``), which calls are
 refused as misuse, the live ids in grant order and each one's fields
-(``lease_info``), how each ended id ended, ``next_deadline`` and every counter of
-``stats``. Scenarios reach the deadline calendar's whole-bucket reaping (a bucket of
-at least eight leases) and its compaction (over a thousand stale entries, made at a
-concrete time before the symbolic steps).
+(``lease_info``), how each ended id ended, ``next_deadline``, every counter of
+``stats``, and the deadline queue's representation invariant (each live lease has one
+entry, ``stale`` counts the entries of ended leases: :func:`_queue_shape`). Scenarios
+reach the deadline calendar's whole-bucket reaping (a bucket of at least eight leases)
+and its compaction (over a thousand stale entries, made at a concrete time before the
+symbolic steps).
 
 What the harness relies on beyond the table's public methods, so that a change
-there is seen here: a deadline is a dict key of the queue's buckets (so
+there is seen here: the queue's buckets, list of grants and ``stale`` count are read
+for the representation invariant; a deadline is a dict key of the queue's buckets (so
 :class:`HSym` hashes every term alike and a lookup compares with ``==``, a branch),
 and ``grant`` checks the deadline's finiteness by comparison. Durations are concrete
 (the config), times symbolic; counts are the scenario's.
@@ -174,6 +177,11 @@ SCENARIOS: list[tuple[str, LeaseConfig, list[Step]]] = [
     ),
     ("a reused id's old entry is stale", CONFIG, [G, AB, G, LRA, EX, ND]),
     (
+        "a stale entry ahead of a live one in a calendar bucket, next_deadline",
+        CONFIG,
+        [("grant_many", {"ids": ["a", "b"], "ttl": 3.0}), AB, ND, EX, ND],
+    ),
+    (
         "compaction keeps the live leases",
         CONFIG,
         # a lease in the list of grants (``a``) and one in the calendar (``b``)
@@ -216,6 +224,27 @@ def _observe(table: LeaseTable, model: OracleTable) -> Iterator[tuple[str, Any, 
     ends = {r: table.ended(r) for r in _IDS}
     yield "ended", ends, {r: (model.ended[r][0] if r in model.ended else None) for r in _IDS}
     yield "counters", _counts(table.stats), _model_counts(model)
+    yield "queue", _queue_shape(table), _QUEUE_OK
+
+
+#: the deadline queue's representation invariant, as :func:`_queue_shape` states it
+_QUEUE_OK = {"one entry per live lease": True, "stale counts the ended leases' entries": True}
+
+
+def _queue_shape(table: LeaseTable) -> dict[str, bool]:
+    """The deadline queue's representation invariant, stated without comparing a time
+    (so it adds no branch): each live lease has exactly one entry (in the calendar or
+    the list of grants), and ``stale``, on which compaction is decided, is the number
+    of entries whose lease ended. No answer shows these, so a queue that keeps a dead
+    entry, loses a live one or miscounts its stale ones is seen here first."""
+    q = table._queue
+    entries = [x for bucket in q._buckets.values() for x in bucket] + q._grants[q._head :]
+    live = table._leases
+    mine = [x for x in entries if live.get(x.req_id) is x]
+    return {
+        "one entry per live lease": sorted(x.req_id for x in mine) == sorted(live),
+        "stale counts the ended leases' entries": q.stale == len(entries) - len(mine),
+    }
 
 
 def _counts(stats: TableStats) -> dict[str, int]:

@@ -302,3 +302,17 @@ def test_a_path_that_raises_does_not_hide_the_others(monkeypatch: pytest.MonkeyP
 
     assert check.discharge(obs, io.StringIO()) == 2
     assert check.LAST_RUN["crashed"] == 1  # one failed by behaviour, one by the raise
+
+
+def test_a_queue_that_miscounts_its_stale_entries_fails_L15(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A stale entry dropped without being counted off: no answer of the table shows it
+    (the count only decides when to compact), so only the queue's representation
+    invariant (each live lease one entry, ``stale`` the ended leases' entries) sees it."""
+    monkeypatch.setattr(deadlines_mod.DeadlineQueue, "_dropped", lambda self: None)
+    label = "L15 LeaseTable = naive model: a stale entry ahead of a live one in a calendar bucket"
+    assert any(f.startswith(label) for f in _failing(structures, "stale entry ahead"))
+    # without the invariant among the observations, the same bug passes every scenario
+    monkeypatch.setattr(structures, "_queue_shape", lambda table: structures._QUEUE_OK)
+    assert _failing(structures) == []
