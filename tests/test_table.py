@@ -649,10 +649,37 @@ def test_the_next_prune_is_when_the_oldest_kept_entry_is_too_old() -> None:
     t = table(tombstone_ttl=10.0, staging_ttl=5.0)
     t.grant("x", now=0.0)
     t.abort("x", now=0.0)  # a tombstone until 10
+    assert t._prune_at == 10.0
     t.transfer_done("s1", now=3.0)  # staged until 8
+    assert t._prune_at == 8.0
     t.transfer_done("s2", now=4.0)  # staged until 9
     t.expire(now=8.0)  # prunes s1
     assert t.stats.early_dropped == 1
     assert t._prune_at == 9.0  # s2's
     t.expire(now=9.0)  # prunes s2
     assert t._prune_at == 10.0  # x's tombstone
+
+
+def test_a_lease_record_reads_one_consumer_and_one_reader_by_default() -> None:
+    lease = Lease("a", 0.0, 30.0, seq=0)
+    assert lease.counts is None
+    assert (lease.consumers, lease.readers, lease.done) == (1, 1, 0)
+    t = table()
+    t.grant("a", now=0.0)
+    info = t.lease_info("a")
+    assert info is not None and (info["consumers"], info["readers"], info["done"]) == (1, 1, 0)
+
+
+def test_a_calendar_bucket_emptied_by_next_deadline_takes_a_later_grant_at_its_deadline() -> None:
+    # next_deadline finds every entry of the bucket at 3 stale: the bucket goes with its
+    # heap key, so a lease granted later for the same deadline gets a key again and is
+    # reaped there (a bucket left behind without its key would hide it for ever)
+    t = table()
+    for r in ("a", "b"):
+        t.grant(r, now=0.0, ttl=3.0)
+        t.abort(r, now=0.0)
+    assert t.next_deadline() is None
+    t.grant("c", now=0.0, ttl=3.0)
+    assert t.next_deadline() == 3.0
+    assert [r.req_id for r in t.expire(now=3.0)] == ["c"]
+    _check_queue(t)

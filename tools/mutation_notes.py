@@ -97,6 +97,19 @@ EQUIVALENT: dict[str, str] = {
     "lease then goes through `_requeue_all` too: its checks hold for one live lease (held, and "
     "its deadline equal to itself), and `_queue_group(later, [lease])` is what the per-deadline "
     "loop below does with a group of one: the same calendar",
+    "deadlines.py:DeadlineQueue._take_grants:return None:return run#0": "`run` is empty there, "
+    "and the one caller, `take_due`, reads the answer only as `if not granted: return out`, "
+    "where `None` is as false as `[]`: the same list is returned",
+    "deadlines.py:DeadlineQueue.next_deadline:Lt -> LtE:first < d#0": "`first if first < d "
+    "else d`: the two differ only where `first == d`, and then both return that value",
+    "deadlines.py:DeadlineQueue._requeue_all:constant 0 -> 1:0#0": "`later` is then the second "
+    "lease's deadline: both callers pass at least two leases (`len(popped) > 1`, "
+    "`len(renewed) > 1`), and the check that follows requires every lease's deadline to equal "
+    "`later`, which holds for the second's exactly when it holds for the first's",
+    "events.py:<module>:constant 0 -> 1:0#0": "`_consume = deque(maxlen=1).extend`: the deque "
+    "then keeps the last item of what it consumes, and everything it consumes is a `map` of a "
+    "slot's `__set__`, which returns None: it keeps a None, no object of the records' (the "
+    "stores run the same, consumed to the end either way)",
     # -- renewal.py --
     "renewal.py:renew_ids:constant True -> False:True#0": "`zip(ids, found, strict=False)`: "
     "every caller builds `found` as `list(map(self._leases.get, ids))`, so the two always have "
