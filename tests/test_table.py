@@ -683,3 +683,28 @@ def test_a_calendar_bucket_emptied_by_next_deadline_takes_a_later_grant_at_its_d
     assert t.next_deadline() == 3.0
     assert [r.req_id for r in t.expire(now=3.0)] == ["c"]
     _check_queue(t)
+
+
+@pytest.mark.parametrize("part", ["grants", "calendar"])
+def test_two_leases_renewed_alike_are_requeued_as_one_group(
+    part: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a heartbeat renews an engine's leases to one deadline: met in the list of grants
+    # or in a calendar bucket, two or more of them go back into the calendar as one
+    # group (``_requeue_all``, at C speed), not one by one
+    calls: list[list[str]] = []
+    real = DeadlineQueue._requeue_all
+
+    def spy(self: DeadlineQueue, leases: list[Lease]) -> bool:
+        calls.append([x.req_id for x in leases])
+        return real(self, leases)
+
+    monkeypatch.setattr(DeadlineQueue, "_requeue_all", spy)
+    t = table()
+    for r in ("a", "b"):
+        t.grant(r, now=0.0, **({"ttl": 3.0} if part == "calendar" else {}))
+    # both renewed to one later deadline: 35 (granted to 30) or 21 (granted to 3)
+    assert t.renew(["a", "b"], now=15.0 if part == "grants" else 1.0) == 2
+    assert t.expire(now=30.0 if part == "grants" else 3.0) == []
+    assert calls == [["a", "b"]]
+    _check_queue(t)
