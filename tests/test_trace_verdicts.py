@@ -51,3 +51,15 @@ def test_traces_of_another_boot_share_no_clock_so_nothing_is_measured(tmp_path: 
     d[0]["boot"] = "boot-2"
     v = check_files(_write(tmp_path, p, d)).verdicts
     assert v.reads == 0 and v.summary() == "verdicts: no verified read"
+
+
+def test_a_boot_id_of_any_json_type_is_compared_not_hashed(tmp_path: Path) -> None:
+    """A header's ``boot`` is whatever JSON the file holds: a list (unhashable) is one
+    more value that is not the other file's, never a traceback."""
+    p, d = legal()
+    p[0]["boot"] = ["boot-1"]
+    report = check_files(_write(tmp_path, p, d))
+    assert report.verdicts.reads == 0
+    p, d = legal()
+    p[0]["boot"] = d[0]["boot"] = ["boot-1"]
+    assert check_files(_write(tmp_path, p, d)).verdicts.reads == 1

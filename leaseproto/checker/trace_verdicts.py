@@ -97,9 +97,9 @@ def verdict_delays(traces: Sequence[TraceFile], *, bound: float | None = None) -
     out = Verdicts()
     if bound is None:
         bound = _bound(traces)
-    boots = {tf.header.get("boot") for tf in traces}
-    if len(boots) != 1 or None in boots:
-        return out  # no shared clock: nothing to measure
+    boot = traces[0].header.get("boot") if traces else None
+    if boot is None or any(tf.header.get("boot") != boot for tf in traces):
+        return out  # no shared clock: nothing to measure (compared, never hashed: any JSON)
     # (sender, receiver, bytes) -> times, from P's recvs and sends, D's recvs
     p_recv: dict[tuple[str, str, bytes], list[float]] = defaultdict(list)
     sent: dict[tuple[str, str, str], list[float]] = defaultdict(list)  # (p, d, req) -> sends
