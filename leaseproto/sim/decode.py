@@ -42,7 +42,6 @@ class DecodeSide:
     fig: Figures
     ps: list[PEngine]
     ds: list[DEngine]
-    p_by_name: dict[str, PEngine]
     p_inbox: dict[str, tuple[float, LeaseTable]]
     p_of: list[int]
     stage: list[int]

@@ -78,7 +78,6 @@ class FleetRun(DecodeSide):
         self.progress = progress
         n = len(workload)
         self.ps = [PEngine(i, policy, workload.p_phase[i]) for i in range(sc.p_engines)]
-        self.p_by_name = {p.name: p for p in self.ps}
         # P engine name -> (phase of its step grid, its table): where a heartbeat goes
         self.p_inbox = {p.name: (p.phase, p.table) for p in self.ps}
         # len(queue) + busy of each P engine, by index: the router's choice is the
@@ -338,20 +337,12 @@ class FleetRun(DecodeSide):
     def _p_heartbeat(self, t: float, arg: tuple[LeaseTable, bytes]) -> None:
         # what our prefill worker does with a heartbeat: decode and renew in one pass
         # (the same decisions as wire.decode then renew); the rest goes the long way
-        table, raw = arg
-        if table.renew_heartbeat(raw, now=t) is None:
-            self._p_notify(t, arg)
-
-    def _p_notify(self, t: float, arg: tuple[LeaseTable, bytes]) -> None:
         # (a notification's event carries P's table: all P does with one is in it)
         table, raw = arg
-        msg = wire.decode(raw)  # the sim only sends well-formed messages
-        if type(msg) is wire.TransferDone:
-            out = table.transfer_done(msg.req_id, now=t)
-            if type(out) is Release:
-                self._released(out, self.idx_of[msg.req_id])
-        elif type(msg) is wire.Heartbeat:
-            table.renew(msg.ids, now=t)
+        if table.renew_heartbeat(raw, now=t) is None:
+            msg = wire.decode(raw)  # the sim only sends well-formed messages
+            if type(msg) is wire.Heartbeat:
+                table.renew(msg.ids, now=t)
 
     def _p_transfer_done(self, t: float, arg: tuple[LeaseTable, bytes, int]) -> None:
         # D's transfer-done of request i
