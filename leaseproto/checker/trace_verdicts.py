@@ -10,9 +10,8 @@ agent), on one monotonic clock (traces of one boot):
   the reader (P answers in the poll that returned the transfer-done when this is
   a few microseconds: the answer is sent from the same loop over the poll);
 * **to D's poll**: P's ``send`` to D's ``recv`` of the verdict;
-* **to the release**: D's ``recv`` of the last verdict to the read's release
-  (``use``: the read's tokens may go out; ``compute`` then ``use``: D computed
-  from the read before the verdict and released its tokens at the ``use``);
+* **to the release**: D's ``recv`` of the verdict to the read's ``use`` (the
+  read's tokens may go out);
 * **READ to use**: the whole, from the ``read`` to ``use``.
 
 A read with no verdict received is *unanswered*; one whose verdict came more
@@ -104,8 +103,7 @@ def verdict_delays(traces: Sequence[TraceFile], *, bound: float | None = None) -
     p_recv: dict[tuple[str, str, bytes], list[float]] = defaultdict(list)
     sent: dict[tuple[str, str, str], list[float]] = defaultdict(list)  # (p, d, req) -> sends
     d_recv: dict[tuple[str, str, str], list[float]] = defaultdict(list)  # (p, d, req) -> recvs
-    uses: dict[tuple[str, str], float] = {}  # (d agent, remote id) -> use
-    computes: dict[tuple[str, str], float] = {}  # (d agent, remote id) -> compute
+    uses: dict[tuple[str, str], float] = {}  # (d agent, remote id) -> first use
     reads: list[tuple[str, str, str, Event]] = []  # (d, p, req, read event)
     for tf in traces:
         for e in tf.events:
@@ -130,9 +128,8 @@ def verdict_delays(traces: Sequence[TraceFile], *, bound: float | None = None) -
                     continue
                 if isinstance(done, wire.TransferDone):
                     reads.append((tf.agent, str(e.obj.get("to")), done.req_id, e))
-            elif tf.role == "decode" and e.ev in ("use", "compute"):
-                where = uses if e.ev == "use" else computes
-                where.setdefault((tf.agent, str(e.obj.get("remote"))), e.t)
+            elif tf.role == "decode" and e.ev == "use":
+                uses.setdefault((tf.agent, str(e.obj.get("remote"))), e.t)
     for times in (*p_recv.values(), *sent.values(), *d_recv.values()):
         times.sort()  # one agent's events may come from several files
     for d, p, req, e in reads:
