@@ -17,17 +17,21 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["d_leg_rounds", "summarise"]
+__all__ = ["PREFILL", "completion", "d_leg_rounds", "summarise"]
 
 Post = Callable[[int, dict[str, Any]], dict[str, Any]]
 
 
-def _body(text: str, params: dict[str, Any]) -> dict[str, Any]:
-    """A completion of one token, greedy, with ``params`` as its kv_transfer_params."""
+#: the kv_transfer_params of a prefill on P whose KV D reads (vLLM's toy proxy)
+PREFILL = {"do_remote_decode": True, "do_remote_prefill": False}
+
+
+def completion(text: str, params: dict[str, Any], max_tokens: int = 1) -> dict[str, Any]:
+    """A greedy completion request with ``params`` as its kv_transfer_params."""
     return {
         "model": "m",
         "prompt": text,
-        "max_tokens": 1,
+        "max_tokens": max_tokens,
         "temperature": 0,
         "kv_transfer_params": params,
     }
@@ -36,9 +40,9 @@ def _body(text: str, params: dict[str, Any]) -> dict[str, Any]:
 def _leg(post: Post, p_port: int, d_port: int, text: str) -> tuple[float, float, str]:
     """One request through a pair: (P's leg s, D's leg s, D's first token)."""
     t0 = time.perf_counter()
-    first = post(p_port, _body(text, {"do_remote_decode": True, "do_remote_prefill": False}))
+    first = post(p_port, completion(text, PREFILL))
     t1 = time.perf_counter()
-    out = post(d_port, _body(text, first["kv_transfer_params"]))
+    out = post(d_port, completion(text, first["kv_transfer_params"]))
     t2 = time.perf_counter()
     return t1 - t0, t2 - t1, str(out["choices"][0]["text"])
 

@@ -42,7 +42,7 @@ from typing import Any
 
 from _common import machine, table
 from _reaper import die_with_parent, reap_group_on_exit
-from _vllm_latency import d_leg_rounds, summarise
+from _vllm_latency import PREFILL, completion, d_leg_rounds, summarise
 from _vllm_traces import report_traces, validate
 from _vllm_turns import tokens, two_turns
 
@@ -208,28 +208,10 @@ PREFILLED: list[float] = []
 
 def route(p: Server, d: Server, text: str, max_tokens: int) -> str | None:
     """vLLM's toy proxy: prefill on P (one token, KV kept for D), then decode on D."""
-    first = post(
-        p.port,
-        {
-            "model": "m",
-            "prompt": text,
-            "max_tokens": 1,
-            "temperature": 0,
-            "kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False},
-        },
-    )
+    first = post(p.port, completion(text, PREFILL))
     PREFILLED.append(time.monotonic())
     try:
-        out = post(
-            d.port,
-            {
-                "model": "m",
-                "prompt": text,
-                "max_tokens": max_tokens,
-                "temperature": 0,
-                "kv_transfer_params": first["kv_transfer_params"],
-            },
-        )
+        out = post(d.port, completion(text, first["kv_transfer_params"], max_tokens))
     except (urllib.error.URLError, OSError):
         return None
     return str(out["choices"][0]["text"])
