@@ -97,7 +97,9 @@ def _ids(e: Event) -> tuple[str, ...]:
     return tuple(i for i in getattr(msg, "ids", ()) if i != wire.CAPABILITY)
 
 
-def _config(tf: TraceFile) -> LeaseConfig | None:
+def trace_config(tf: TraceFile) -> LeaseConfig | None:
+    """The configuration a trace's header records, or None when it is not one (the
+    replay reports that)."""
     try:
         return LeaseConfig.from_extra_config(tf.header.get("config", {}))
     except (LeaseProtocolError, KeyError, TypeError, ValueError):  # the replay reports it
@@ -141,12 +143,12 @@ def check_timing(traces: Sequence[TraceFile], *, slack: float = DEFAULT_SLACK) -
                 out.delay = max(out.delay, e.t - send.t)
     for (d, p), sent in beats.items():
         ptf = by_agent.get(p)
-        cfg = None if ptf is None else _config(ptf)
+        cfg = None if ptf is None else trace_config(ptf)
         if cfg is None:
             continue
         _schedule(out, d, p, sent, cfg.heartbeat_interval)
     for tf in traces:
-        cfg = _config(tf) if tf.role == "prefill" else None
+        cfg = trace_config(tf) if tf.role == "prefill" else None
         if cfg is not None:
             _expiries(out, tf, by_agent, beats, handled, cfg.lease_extension)
     return out

@@ -28,10 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core import wire
-from ..core.config import LeaseConfig
-from ..core.errors import LeaseProtocolError
 from .trace_rules import Event
-from .trace_timing import TraceFile
+from .trace_timing import TraceFile, trace_config
 
 __all__ = ["Verdicts", "verdict_delays"]
 
@@ -83,10 +81,8 @@ def _bound(traces: Sequence[TraceFile]) -> float | None:
     """How long a decode rank waits for a verdict (its ``lease_extension``)."""
     for tf in traces:
         if tf.role == "decode":
-            try:
-                return LeaseConfig.from_extra_config(tf.header.get("config", {})).lease_extension
-            except (LeaseProtocolError, KeyError, TypeError, ValueError):
-                return None
+            cfg = trace_config(tf)
+            return None if cfg is None else cfg.lease_extension
     return None
 
 
