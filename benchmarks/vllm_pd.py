@@ -43,12 +43,13 @@ from typing import Any
 from _common import machine, table
 from _reaper import die_with_parent, reap_group_on_exit
 from _vllm_latency import PREFILL, completion, d_leg_rounds, summarise
+from _vllm_stall import Watchdog
 from _vllm_traces import report_traces, validate
 from _vllm_turns import tokens, two_turns
 
 from leaseproto.integrations.vllm.tinymodel import WORDS, build_tiny_model
 
-AMX_SITE = Path(__file__).resolve().parent / "amx_site"
+SERVER_SITE = Path(__file__).resolve().parent / "server_site"
 LEASE = 12  # kv_lease_duration: heartbeat every 2 s, extension 8 s (vLLM's derivation)
 PAIRS = {
     "stock": ("NixlConnector", "NixlConnector"),
@@ -139,9 +140,9 @@ class Server:
             "NIXL_LOG_LEVEL": "ERROR",
             # Prometheus counters follow the stats logger; its default 10 s would blur the timings
             "VLLM_LOG_STATS_INTERVAL": "0.5",
-            # every server, stock included, asks for AMX tiles (amx_site/sitecustomize.py)
+            # every server, stock included: AMX tiles, stacks on SIGUSR1 (server_site/)
             "PYTHONPATH": os.pathsep.join(
-                p for p in (str(AMX_SITE), os.environ.get("PYTHONPATH", "")) if p
+                p for p in (str(SERVER_SITE), os.environ.get("PYTHONPATH", "")) if p
             ),
         }
         cmd = [
@@ -344,51 +345,78 @@ def run_pair(name: str, model: Path, logs: Path, n: int, max_tokens: int) -> dic
     return rows
 
 
+def watched_post(watchdog: Watchdog, label: str, port: int, body: dict[str, Any]) -> dict[str, Any]:
+    """:func:`post`, its stall timed by ``watchdog``. vLLM ends an engine whose step
+    takes 300 s, so a stalled request has failed before the timeout here."""
+    with watchdog.request(f"{label} to port {port}"):
+        return post(port, body, timeout=360.0)
+
+
 def run_two_turns(
-    name: str, model: Path, logs: Path, n: int, max_tokens: int, *, first: int = 0
+    name: str,
+    model: Path,
+    logs: Path,
+    n: int,
+    max_tokens: int,
+    *,
+    first: int = 0,
+    restarts: int = 0,
 ) -> dict[str, Any]:
     """``n`` two-turn conversations on a pair in bidirectional mode (:mod:`_vllm_turns`),
-    the conversations ``first`` to ``first + n - 1`` (each number is its prompts)."""
+    the conversations ``first`` to ``first + n - 1`` (each number is its prompts).
+
+    A conversation a server failed (an engine that died, a request past its timeout)
+    is reported with the stacks the watchdog took (:mod:`_vllm_stall`); the pair is then
+    stopped and, ``restarts`` times at most, started afresh for the same conversation."""
     p_conn, d_conn = PAIRS[name]
     tag = name.replace(" ", "_").replace("+", "") + "-2turn"
-    traces = logs / f"{tag}-traces"
-    p = server(model, "kv_producer", p_conn, logs / f"{tag}-P.log", traces, bidirectional=True)
-    d = server(model, "kv_consumer", d_conn, logs / f"{tag}-D.log", traces, bidirectional=True)
+    traces = logs / f"{tag}-traces"  # every start's traces: check-trace reads them all
     rows: list[dict[str, Any]] = []
-    try:
-        p.wait_up()
-        d.wait_up()
-        for i in range(first, first + n):
-            t1, t2 = tokens(p.port, prompt(i, 60)), tokens(p.port, prompt(100 + i, 20))
-            before = {side: metrics(s.port) for side, s in (("p", p), ("d", d))}
-            try:
-                row = two_turns(
-                    # a hung engine fails the pair in 10 min; NIXL's add_remote_agent of a
-                    # peer took 90 s once here (P's worker took no step meanwhile)
-                    partial(post, timeout=600.0),
-                    p_port=p.port,
-                    d_port=d.port,
-                    turn1=t1,
-                    turn2=t2,
-                    max_tokens=max_tokens,
-                )
-            except (urllib.error.URLError, OSError) as exc:  # timeouts included
-                # a server that failed a request (engine dead, hung past the timeout): the
-                # conversation is reported failed and the pair is not asked for more
-                print(name, "two-turn", i, "failed:", repr(exc), flush=True)
-                rows.append({"failed": repr(exc)})
-                break
-            for side, s in (("p", p), ("d", d)):
-                after = metrics(s.port)
-                row[f"{side}_counters"] = {
-                    k: v - before[side].get(k, 0.0) for k, v in after.items() if v
-                }
-            print(name, "two-turn", i, row, flush=True)
-            rows.append(row)
-    finally:
-        d.stop()
-        p.stop()
-    return {"conversations": rows, "trace": validate(traces)}
+    i, started = first, 0
+    while i < first + n and started <= restarts:
+        run = tag if started == 0 else f"{tag}-restart{started}"
+        started += 1
+        p = server(model, "kv_producer", p_conn, logs / f"{run}-P.log", traces, bidirectional=True)
+        d = server(model, "kv_consumer", d_conn, logs / f"{run}-D.log", traces, bidirectional=True)
+        watchdog = Watchdog({"P": p, "D": d})
+        try:
+            p.wait_up()
+            d.wait_up()
+            while i < first + n:
+                t1, t2 = tokens(p.port, prompt(i, 60)), tokens(p.port, prompt(100 + i, 20))
+                before = {side: metrics(s.port) for side, s in (("p", p), ("d", d))}
+                stalls = len(watchdog.stalls)
+                try:
+                    row = two_turns(
+                        partial(watched_post, watchdog, f"{run} conversation {i}"),
+                        p_port=p.port,
+                        d_port=d.port,
+                        turn1=t1,
+                        turn2=t2,
+                        max_tokens=max_tokens,
+                    )
+                except (urllib.error.URLError, OSError) as exc:  # timeouts included
+                    # a server that failed a request: the conversation is reported failed
+                    # with where the engines were, and this pair is asked for no more
+                    print(name, "two-turn", i, "failed:", repr(exc), flush=True)
+                    rows.append(
+                        {"failed": repr(exc), "conversation": i, "stalls": watchdog.stalls[stalls:]}
+                    )
+                    break
+                for side, s in (("p", p), ("d", d)):
+                    after = metrics(s.port)
+                    row[f"{side}_counters"] = {
+                        k: v - before[side].get(k, 0.0) for k, v in after.items() if v
+                    }
+                row["conversation"] = i
+                row["stalls"] = watchdog.stalls[stalls:]  # slow, yet served
+                print(name, "two-turn", i, row, flush=True)
+                rows.append(row)
+                i += 1
+        finally:
+            d.stop()
+            p.stop()
+    return {"conversations": rows, "starts": started, "trace": validate(traces)}
 
 
 def run_latency(model: Path, logs: Path, rounds: int) -> dict[str, Any]:
@@ -479,10 +507,13 @@ def two_turn_table(turns: dict[str, Any]) -> tuple[tuple[str, ...], list[tuple[A
         failed = [r for r in res["conversations"] if "failed" in r]
         rows = [r for r in res["conversations"] if "failed" not in r]
         t = res.get("trace")
+        stalls = sum(len(r.get("stalls", ())) for r in res["conversations"])
         out.append(
             (
                 name,
-                f"{len(rows)}" + (f" (+{len(failed)} failed)" if failed else ""),
+                f"{len(rows)}"
+                + (f" (+{len(failed)} failed)" if failed else "")
+                + (f", {stalls} stalled" if stalls else ""),
                 f"{sum(r['turn1_identical'] for r in rows)}/{len(rows)}",
                 f"{sum(r['turn2_identical'] for r in rows)}/{len(rows)}",
                 f"{sum(r['d_returned_blocks'] for r in rows)}/{len(rows)}",
@@ -516,6 +547,12 @@ def main() -> None:
         "--first-conversation", type=int, default=0, help="number of the first conversation"
     )
     ap.add_argument(
+        "--restarts",
+        type=int,
+        default=0,
+        help="two-turn: times a pair that failed a conversation is started afresh for it",
+    )
+    ap.add_argument(
         "--latency",
         action="store_true",
         help="only D's leg (READ + first token), stock and ours interleaved",
@@ -541,7 +578,13 @@ def main() -> None:
         model = build_tiny_model(work / "tiny-qwen3")
         turns = {
             n: run_two_turns(
-                n, model, work, args.conversations, args.max_tokens, first=args.first_conversation
+                n,
+                model,
+                work,
+                args.conversations,
+                args.max_tokens,
+                first=args.first_conversation,
+                restarts=args.restarts,
             )
             for n in args.pairs
         }

@@ -1,0 +1,130 @@
+"""Where a stalled vLLM server was, for ``benchmarks/vllm_pd.py``.
+
+On two busy cores a real engine has stopped taking steps for minutes (its worker
+inside a NIXL call, once in ``add_remote_agent``), and vLLM ends an engine whose step
+takes longer than its execute-model timeout (300 s). :class:`Watchdog` times each
+request; once one has taken ``after`` seconds it sends SIGUSR1 to every vLLM process
+of the pair (``server_site/sitecustomize.py`` registered ``faulthandler`` for it, so
+each writes every thread's Python stack to its server's log, also from inside C code)
+and keeps those stacks, so a failed or slow conversation says where each engine was.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager, suppress
+from itertools import pairwise
+from pathlib import Path
+from typing import Any, Protocol
+
+__all__ = ["STALL_S", "Watchdog", "faulthandler_lines", "innermost_frames", "vllm_processes"]
+
+#: A request this long (a tiny model's turn takes seconds) counts as a stall.
+STALL_S = 120.0
+#: At most this many lines of stacks are kept per server.
+MAX_LINES = 120
+
+
+class _Server(Protocol):
+    @property
+    def log(self) -> Path: ...
+
+    @property
+    def proc(self) -> Any: ...
+
+
+def vllm_processes(group: int) -> dict[int, str]:
+    """The live vLLM processes (API server, engine core, workers) of process group
+    ``group``, each with its title: those whose start-up imported ``server_site``.
+    Others in the group (multiprocessing's resource tracker) are left alone: SIGUSR1
+    would end them."""
+    out = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmd = (stat.parent / "cmdline").read_bytes().decode("utf-8", "replace")
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) != group or fields[0] == "Z":
+            continue
+        if cmd.startswith("VLLM::"):  # vLLM's title for its engine core and workers
+            out[int(stat.parent.name)] = cmd.split("\0", 1)[0].strip()
+        elif "vllm.entrypoints" in cmd:
+            out[int(stat.parent.name)] = "API server"
+    return dict(sorted(out.items()))
+
+
+def faulthandler_lines(text: str) -> list[str]:
+    """The lines of ``faulthandler`` stacks in ``text`` (a server log's tail)."""
+    heads = ("Thread 0x", "Current thread 0x", '  File "')
+    return [line for line in text.splitlines() if line.startswith(heads)][:MAX_LINES]
+
+
+def innermost_frames(lines: list[str]) -> list[str]:
+    """Where each thread of a dump was: the frame after each thread's header."""
+    return [
+        frame
+        for head, frame in pairwise(lines)
+        if not head.startswith("  ") and frame.startswith("  ")
+    ]
+
+
+class Watchdog:
+    """Dumps the stacks of ``servers`` (name -> server) once per request that has
+    taken ``after`` seconds; :attr:`stalls` keeps what each dump found."""
+
+    def __init__(self, servers: Mapping[str, _Server], *, after: float = STALL_S) -> None:
+        self.servers = dict(servers)
+        self.after = after
+        self.stalls: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def request(self, label: str) -> Iterator[None]:
+        """Times the request made inside the block."""
+        timer = threading.Timer(self.after, self.dump, args=(label,))
+        timer.daemon = True
+        timer.start()
+        try:
+            yield
+        finally:
+            timer.cancel()
+
+    def dump(self, label: str) -> None:
+        """Every server's stacks now, process by process (so that their writes to the
+        one log do not interleave), kept in :attr:`stalls` and printed."""
+        stall: dict[str, Any] = {"request": label, "after_s": self.after}
+        for name, s in self.servers.items():
+            stall[name] = {
+                f"{title} {pid}": self._stacks(s.log, pid)
+                for pid, title in vllm_processes(s.proc.pid).items()
+            }
+        with self._lock:
+            self.stalls.append(stall)
+        print(f"stall: {label} took over {self.after:g} s; stacks:", flush=True)
+        for name in self.servers:
+            for proc, lines in stall[name].items():
+                for line in innermost_frames(lines):
+                    print(f"  {name} {proc}:{line}", flush=True)
+
+    @staticmethod
+    def _stacks(log: Path, pid: int) -> list[str]:
+        """What ``pid`` wrote to ``log`` on SIGUSR1: faulthandler writes from the
+        signal handler, so the log grows at once; read once it stops growing."""
+        size = log.stat().st_size if log.exists() else 0
+        with suppress(OSError):  # it ended meanwhile
+            os.kill(pid, signal.SIGUSR1)
+        end, last = time.monotonic() + 2.0, -1
+        while time.monotonic() < end:
+            time.sleep(0.1)
+            now = log.stat().st_size
+            if now == last and now > size:
+                break
+            last = now
+        with log.open("rb") as f:
+            f.seek(size)
+            return faulthandler_lines(f.read().decode("utf-8", "replace"))
