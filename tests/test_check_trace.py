@@ -305,6 +305,28 @@ def test_a_line_that_is_not_an_event_is_a_violation_naming_it(
     assert f"{files[0]}:4: format: not JSON" in out and "Traceback" not in out
 
 
+def test_data_that_is_not_bytes_is_a_violation_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A trace writes bytes as latin-1 characters; a ``data`` outside them (or not a
+    string) is a malformed line naming itself, never a UnicodeEncodeError."""
+    p, d = legal()
+    i = _find(p, ev="send")
+    j = _find(d, ev="recv")
+    p[i]["data"] = "OK:a\u20ac"  # no byte is that character
+    d[j]["data"] = ["HB:a"]
+    files = _write(tmp_path, p, d)
+    report = check_files(files)
+    bad = sorted((v.event.path, v.event.line) for v in report.violations if v.invariant == "format")
+    assert bad == sorted([(str(files[0]), i + 1), (str(files[1]), j + 1)]), [
+        str(v) for v in report.violations
+    ]
+    assert main(["check-trace", "--all", *map(str, files)]) == 1
+    out = capsys.readouterr().out
+    assert f"{files[0]}:{i + 1}: format: data is not a string of bytes" in out
+    assert "Traceback" not in out
+
+
 def test_now_going_back_is_a_violation_not_a_traceback(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -183,12 +183,28 @@ def load(path: str | Path) -> TraceFile:
                 raise TraceError(f"{name}:{i}: not a trace event")
             bad.append(Violation("format", Event(name, i, {}), "not a trace event"))
             continue
+        if "data" in obj and not _latin1(obj["data"]):  # the writer's bytes, one char each
+            why = f"data is not a string of bytes (latin-1): {obj['data']!r:.80}"
+            bad.append(Violation("format", Event(name, i, {}), why))
+            continue
         events.append(Event(name, i, obj))
     if not events or events[0].ev != "header" or events[0].line != 1:
         raise TraceError(f"{name}: no trace header (is it a --trace file?)")
     header = events[0].obj
     complete = events[-1].ev == "end"
     return TraceFile(name, header, events[1:], complete, bad)
+
+
+def _latin1(data: object) -> bool:
+    """Whether ``data`` is what a trace writes for bytes: a string of code points
+    below 256 (:meth:`~.trace_rules.Event.data` encodes it back)."""
+    if not isinstance(data, str):
+        return False
+    try:
+        data.encode("latin-1")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _sends(
