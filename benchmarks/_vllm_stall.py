@@ -93,6 +93,7 @@ class Watchdog:
             yield
         finally:
             timer.cancel()
+            timer.join()  # a dump under way is finished and kept before the caller goes on
 
     def dump(self, label: str) -> None:
         """Every server's stacks now, process by process (so that their writes to the

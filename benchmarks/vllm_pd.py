@@ -383,10 +383,10 @@ def run_two_turns(
             p.wait_up()
             d.wait_up()
             while i < first + n:
-                t1, t2 = tokens(p.port, prompt(i, 60)), tokens(p.port, prompt(100 + i, 20))
                 before = {side: metrics(s.port) for side, s in (("p", p), ("d", d))}
                 stalls = len(watchdog.stalls)
                 try:
+                    t1, t2 = tokens(p.port, prompt(i, 60)), tokens(p.port, prompt(100 + i, 20))
                     row = two_turns(
                         partial(watched_post, watchdog, f"{run} conversation {i}"),
                         p_port=p.port,

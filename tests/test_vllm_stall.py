@@ -122,3 +122,12 @@ def test_innermost_frames_name_where_each_thread_was() -> None:
         '  File "/x/shm_broadcast.py", line 208 in wait',
         '  File "/x/_api.py", line 909 in add_remote_agent',
     ]
+
+
+def test_a_dump_under_way_is_kept_when_the_request_returns(server: _Server) -> None:
+    """The request ends while the stacks are being taken (a server that fails its
+    request just past the limit): they are kept before the caller reads them."""
+    dog = Watchdog({"P": server}, after=0.1)
+    with dog.request("returns during the dump"):
+        time.sleep(0.2)  # the dump waits at least 0.2 s for the log to stop growing
+    assert len(dog.stalls) == 1 and dog.stalls[0]["P"], dog.stalls
