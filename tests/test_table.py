@@ -708,3 +708,23 @@ def test_two_leases_renewed_alike_are_requeued_as_one_group(
     assert t.expire(now=30.0 if part == "grants" else 3.0) == []
     assert calls == [["a", "b"]]
     _check_queue(t)
+
+
+def test_a_clean_bucket_is_taken_whole() -> None:
+    # take_due's C-speed path: a bucket of at least _WHOLE live leases, all still due
+    # at its deadline, is clean; an ended or renewed lease in it makes it not clean
+    from leaseproto.core.deadlines import _WHOLE, _clean
+
+    t = table()
+    for i in range(_WHOLE):
+        t.grant(f"r{i}", now=0.0, ttl=3.0)
+    bucket = list(t._queue._buckets[3.0])
+    assert len(bucket) == _WHOLE and _clean(bucket, 3.0) is True
+    t.abort("r0", now=0.5)
+    assert _clean(bucket, 3.0) is False
+    t2 = table()
+    for i in range(_WHOLE):
+        t2.grant(f"r{i}", now=0.0, ttl=3.0)
+    t2.renew(["r3"], now=1.0)
+    assert _clean(list(t2._queue._buckets[3.0]), 3.0) is False
+    assert len(t2.expire(now=3.0)) == _WHOLE - 1

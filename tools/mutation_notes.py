@@ -100,6 +100,12 @@ EQUIVALENT: dict[str, str] = {
     "deadlines.py:DeadlineQueue._take_grants:return None:return run#0": "`run` is empty there, "
     "and the one caller, `take_due`, reads the answer only as `if not granted: return out`, "
     "where `None` is as false as `[]`: the same list is returned",
+    "deadlines.py:DeadlineQueue.next_deadline:Eq -> NotEq:keys[0] == d#0": "the branch for "
+    "a bucket found all stale or renewed: `keys[0] != d` only if requeueing one of its leases "
+    "queued a key below `d`, that is a renewal that moved a deadline back, and `renew_rule` "
+    "never does (`max(deadline, ...)`, I1). So `keys[0] == d` always holds there, and the "
+    "mutant's `keys.remove(d)` and `heapify` remove that smallest key as `heappop` does: the "
+    "same heap, more slowly",
     "deadlines.py:DeadlineQueue.next_deadline:Lt -> LtE:first < d#0": "`first if first < d "
     "else d`: the two differ only where `first == d`, and then both return that value",
     "deadlines.py:DeadlineQueue._requeue_all:constant 0 -> 1:0#0": "`later` is then the second "
