@@ -728,3 +728,19 @@ def test_a_clean_bucket_is_taken_whole() -> None:
     t2.renew(["r3"], now=1.0)
     assert _clean(list(t2._queue._buckets[3.0]), 3.0) is False
     assert len(t2.expire(now=3.0)) == _WHOLE - 1
+
+
+def test_compaction_keeps_the_live_leases_of_a_bucket_and_only_them() -> None:
+    # one calendar bucket (deadline 3) holds a live lease and many ended ones; once the
+    # stale entries pass live + 1024 the table compacts: the bucket keeps only its live
+    # lease and the stale count starts again from the entries left
+    t = table()
+    t.grant("keep", now=0.0, ttl=3.0)
+    for i in range(1100):
+        t.grant(f"r{i}", now=0.0, ttl=3.0)
+        t.transfer_done(f"r{i}", now=0.0)
+    assert len(t._queue) < 1100  # compacted once, at the 1,026th ended lease
+    _check_queue(t)
+    assert [r.req_id for r in t.expire(now=3.0)] == ["keep"]
+    _check_queue(t)
+    assert len(t._queue) == 0

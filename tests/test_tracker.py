@@ -355,3 +355,16 @@ def test_due_matches_a_naive_full_scan_I11(ops: list[tuple[str, object, str]]) -
             for e in want:
                 last[e] = now
             assert t.due(now=now, pending=set(name)) == want
+
+
+def test_a_str_subclass_is_a_request_id() -> None:
+    # the id check takes any str (a subclass too, e.g. an engine's own id type); only
+    # what is not a str at all is refused
+    class ReqId(str):
+        pass
+
+    t = HeartbeatTracker(CFG)
+    t.track(ReqId("d1"), engine_id="P0", remote_req_id="p1", now=0.0)
+    assert t.due(now=0.0) == {"P0": ["p1"]} and t.requests("P0") == ["d1"]
+    with pytest.raises(LocalProtocolError, match="must be a str"):
+        t.track(7, engine_id="P0", remote_req_id="p2", now=0.0)  # type: ignore[arg-type]

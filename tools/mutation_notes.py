@@ -133,6 +133,9 @@ EQUIVALENT: dict[str, str] = {
     "`renew_heartbeat`, reads the answer only as `not self._known_or_valid(...)`, and `None` "
     "is falsy as `False` is: the payload is refused (None returned, nothing changed) either way",
     # -- table.py --
+    "table.py:LeaseTable._prune:Lt -> LtE:at < first#0": "`first = at if at < first else "
+    "first`, the next prune time: the two differ only where `at == first`, and then both give "
+    "that value (a signed zero apart, which the table only compares)",
     "table.py:<module>:constant 0 -> 1:0#0": "`_consume = deque(maxlen=1).extend`: the deque "
     "then keeps the last item of what it consumes, and everything it consumes is a `map` of "
     "`dict.__delitem__`, `OrderedDict.move_to_end` (or, before 93776db, the `state` slot's "
