@@ -744,3 +744,19 @@ def test_compaction_keeps_the_live_leases_of_a_bucket_and_only_them() -> None:
     assert [r.req_id for r in t.expire(now=3.0)] == ["keep"]
     _check_queue(t)
     assert len(t._queue) == 0
+
+
+def test_compaction_keeps_the_grants_after_the_list_s_head() -> None:
+    # the list of grants (default lease) has had its head taken (g0 expired) when the
+    # table compacts: the list that is left starts at g1, read from its start
+    t = table()
+    for i in range(3):
+        t.grant(f"g{i}", now=float(i))  # deadlines 30, 31, 32
+    assert [r.req_id for r in t.expire(now=30.0)] == ["g0"]
+    for i in range(1100):
+        t.grant(f"r{i}", now=30.0, ttl=3.0)
+        t.transfer_done(f"r{i}", now=30.0)
+    _check_queue(t)
+    assert t.next_deadline() == 31.0
+    assert [r.req_id for r in t.expire(now=32.0)] == ["g1", "g2"]
+    _check_queue(t)

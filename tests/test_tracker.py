@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from leaseproto import HeartbeatTracker, LeaseConfig, LocalProtocolError
+from leaseproto import HeartbeatTracker, LeaseConfig, LocalProtocolError, wire
 
 CFG = LeaseConfig()  # interval 5 s
 
@@ -368,3 +368,18 @@ def test_a_str_subclass_is_a_request_id() -> None:
     assert t.due(now=0.0) == {"P0": ["p1"]} and t.requests("P0") == ["d1"]
     with pytest.raises(LocalProtocolError, match="must be a str"):
         t.track(7, engine_id="P0", remote_req_id="p2", now=0.0)  # type: ignore[arg-type]
+
+
+def test_payloads_fill_each_message_up_to_the_byte_and_never_past_it() -> None:
+    # every split of ids over messages, for ids of one to six characters and message
+    # sizes around them: no message is longer than max_bytes, each one but the last
+    # could not have taken the next id, and the ids come back in order
+    t = HeartbeatTracker(CFG)
+    for width in range(1, 7):
+        ids = [f"{i:0{width}d}" for i in range(min(40, 10**width))]
+        for max_bytes in range(3 + width, 3 + 5 * (width + 1)):
+            out = t.payloads(ids, max_bytes=max_bytes)
+            assert all(len(m) <= max_bytes for m in out), (width, max_bytes)
+            got = [wire.decode(m) for m in out]
+            assert [i for h in got for i in h.ids] == ids, (width, max_bytes)  # type: ignore[attr-defined]
+            assert all(len(m) + 1 + width > max_bytes for m in out[:-1]), (width, max_bytes)

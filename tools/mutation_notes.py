@@ -93,6 +93,11 @@ EQUIVALENT: dict[str, str] = {
     "the group's first: the bucket and the group are each sorted by `seq`, so every entry of the "
     "bucket is `<=` every one of the group, and the stable sort of `bucket + leases` returns that "
     "very concatenation: the same list",
+    "deadlines.py:DeadlineQueue.take_due:Gt -> GtE:len(popped) > 1#0": "a bucket of one "
+    "renewed lease then goes to `_requeue_all` too: for a live lease its checks hold (held, "
+    "its deadline equal to itself) and `_queue_group(later, [lease])` is what the loop below "
+    "does with it; for an ended one `_requeue_all` finds it not held and answers False, so "
+    "the loop below drops it as before: the same calendar either way",
     "deadlines.py:DeadlineQueue._take_grants:Gt -> GtE:len(renewed) > 1#0": "a single renewed "
     "lease then goes through `_requeue_all` too: its checks hold for one live lease (held, and "
     "its deadline equal to itself), and `_queue_group(later, [lease])` is what the per-deadline "
@@ -136,6 +141,9 @@ EQUIVALENT: dict[str, str] = {
     "table.py:LeaseTable._prune:Lt -> LtE:at < first#0": "`first = at if at < first else "
     "first`, the next prune time: the two differ only where `at == first`, and then both give "
     "that value (a signed zero apart, which the table only compares)",
+    "events.py:Releases:statement deleted:__hash__ = None#0": "`Releases` defines `__eq__` in "
+    "its body, and Python then sets `__hash__` to None for the class by itself: the explicit "
+    "line only says so (instances stay unhashable, as a list is)",
     "table.py:<module>:constant 0 -> 1:0#0": "`_consume = deque(maxlen=1).extend`: the deque "
     "then keeps the last item of what it consumes, and everything it consumes is a `map` of "
     "`dict.__delitem__`, `OrderedDict.move_to_end` (or, before 93776db, the `state` slot's "
