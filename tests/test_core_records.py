@@ -43,6 +43,18 @@ def test_a_clock_and_the_tracker_s_engine_records_are_slotted() -> None:
     assert not hasattr(reqs, "__dict__") and reqs.engine == "P0" and reqs == {"d1": 1}
 
 
+def test_an_expire_call_s_releases_are_slotted() -> None:
+    """One per ``expire`` call that releases anything: no per-instance ``__dict__``,
+    and a mistyped attribute raises."""
+    t = LeaseTable(LeaseConfig())
+    t.grant("a", now=0.0)
+    out = t.expire(now=1000.0)
+    assert type(out) is events.Releases and out.ids == ["a"]
+    assert not hasattr(out, "__dict__")
+    with pytest.raises(AttributeError):
+        out.idz = []  # type: ignore[attr-defined]
+
+
 def test_a_fresh_table_and_tracker_report_zero() -> None:
     assert asdict(LeaseTable(LeaseConfig()).stats) == asdict(TableStats())
     assert asdict(HeartbeatTracker(LeaseConfig()).stats) == asdict(TrackerStats())

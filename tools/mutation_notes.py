@@ -93,6 +93,10 @@ EQUIVALENT: dict[str, str] = {
     "the group's first: the bucket and the group are each sorted by `seq`, so every entry of the "
     "bucket is `<=` every one of the group, and the stable sort of `bucket + leases` returns that "
     "very concatenation: the same list",
+    "deadlines.py:<module>:constant 8 -> 9:8#0": "`_WHOLE`, the length from which "
+    "`take_due` first checks a bucket whole: only a speed threshold. A clean bucket it no "
+    "longer checks (eight leases) goes through the loop below, which takes each of its "
+    "leases in the same order (all live and due at `d`): the same list",
     "deadlines.py:DeadlineQueue.take_due:Gt -> GtE:len(popped) > 1#0": "a bucket of one "
     "renewed lease then goes to `_requeue_all` too: for a live lease its checks hold (held, "
     "its deadline equal to itself) and `_queue_group(later, [lease])` is what the loop below "
