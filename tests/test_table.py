@@ -319,18 +319,26 @@ def test_a_renewed_lease_met_by_next_deadline_is_released_once() -> None:
 
 
 @pytest.mark.parametrize("peek", [False, True])
-def test_a_lease_renewed_onto_a_later_grant_s_deadline_goes_first(peek: bool) -> None:
+@pytest.mark.parametrize("b_ttl", [None, 29.0])
+def test_a_lease_renewed_onto_a_later_grant_s_deadline_goes_first(
+    peek: bool, b_ttl: float | None
+) -> None:
     # a ties with b at 40 and was granted first: released first, whether the queue moves
-    # it when its old deadline comes due (expire) or before (next_deadline)
+    # it when its old deadline comes due (expire) or before (next_deadline), and whether
+    # b is in the list of grants or (its own ttl) in the calendar, where a is inserted
     t = table()
     t.grant("a", now=0.0)  # 30
-    t.grant("b", now=10.0)  # 40
+    if b_ttl is None:
+        t.grant("b", now=10.0)  # 40
+    else:
+        t.grant("b", now=11.0, ttl=b_ttl)  # 40, in the calendar
     t.renew(["a"], now=20.0)  # a -> 40
     if peek:
         assert t.next_deadline() == 40.0
     assert t.expire(now=39.0) == []
     _check_queue(t)
     assert [r.req_id for r in t.expire(now=40.0)] == ["a", "b"]
+    _check_queue(t)
 
 
 @pytest.mark.parametrize("peek", [False, True])
@@ -759,21 +767,4 @@ def test_compaction_keeps_the_grants_after_the_list_s_head() -> None:
     _check_queue(t)
     assert t.next_deadline() == 31.0
     assert [r.req_id for r in t.expire(now=32.0)] == ["g1", "g2"]
-    _check_queue(t)
-
-
-@pytest.mark.parametrize("peek", [False, True])
-def test_a_lease_requeued_into_a_calendar_bucket_goes_in_grant_order(peek: bool) -> None:
-    # b (granted later, for its own ttl) already sits in the calendar at 40 when a, renewed
-    # to 40, is queued again there: a goes before b (grant order), whether next_deadline
-    # or expire moves it, and both are released at 40
-    t = table()
-    t.grant("a", now=0.0)  # 30, in the list of grants
-    t.grant("b", now=11.0, ttl=29.0)  # 40, in the calendar
-    t.renew(["a"], now=20.0)  # a -> 40
-    if peek:
-        assert t.next_deadline() == 40.0
-    assert t.expire(now=30.0) == []
-    _check_queue(t)
-    assert [r.req_id for r in t.expire(now=40.0)] == ["a", "b"]
     _check_queue(t)
