@@ -97,6 +97,12 @@ EQUIVALENT: dict[str, str] = {
     "`take_due` first checks a bucket whole: only a speed threshold. A clean bucket it no "
     "longer checks (eight leases) goes through the loop below, which takes each of its "
     "leases in the same order (all live and due at `d`): the same list",
+    "deadlines.py:DeadlineQueue.take_due:constant 0 -> 1:0#1": "the group path is then tried "
+    "when the second entry, not the first, has moved from `d`: `_requeue_all` does anything "
+    "only when every entry is live and has the first's deadline, and then all of them have "
+    "moved or none has. Where they have, both versions requeue them as one group; where the "
+    "two entries differ, or one is stale, it answers False and the loop below runs, as when "
+    "the path is skipped: the same calendar",
     "deadlines.py:DeadlineQueue.take_due:Gt -> GtE:len(popped) > 1#0": "a bucket of one "
     "renewed lease then goes to `_requeue_all` too: for a live lease its checks hold (held, "
     "its deadline equal to itself) and `_queue_group(later, [lease])` is what the loop below "
