@@ -768,3 +768,15 @@ def test_compaction_keeps_the_grants_after_the_list_s_head() -> None:
     assert t.next_deadline() == 31.0
     assert [r.req_id for r in t.expire(now=32.0)] == ["g1", "g2"]
     _check_queue(t)
+
+
+def test_a_bucket_whose_first_lease_alone_was_renewed_releases_the_other_on_time() -> None:
+    # a and b share the calendar bucket at 3; only a (the bucket's first) is renewed: the
+    # bucket is not one group renewed alike, so b is still released at 3 and a later
+    t = table()
+    for r in ("a", "b"):
+        t.grant(r, now=0.0, ttl=3.0)
+    assert t.renew(["a"], now=1.0) == 1  # a -> 21
+    assert [r.req_id for r in t.expire(now=3.0)] == ["b"]
+    _check_queue(t)
+    assert [r.req_id for r in t.expire(now=21.0)] == ["a"]
