@@ -780,3 +780,43 @@ def test_a_bucket_whose_first_lease_alone_was_renewed_releases_the_other_on_time
     assert [r.req_id for r in t.expire(now=3.0)] == ["b"]
     _check_queue(t)
     assert [r.req_id for r in t.expire(now=21.0)] == ["a"]
+
+
+def test_a_clean_bucket_of_eight_is_checked_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a spy: a bucket of at least eight live leases due at its deadline is checked whole
+    # (``_clean``, at C speed) and taken whole; a shorter one goes through the loop
+    from leaseproto.core import deadlines
+
+    calls: list[int] = []
+    real = deadlines._clean
+
+    def spy(bucket: list[Lease], d: float) -> bool:
+        calls.append(len(bucket))
+        return real(bucket, d)
+
+    monkeypatch.setattr(deadlines, "_clean", spy)
+    t = table()
+    for i in range(8):
+        t.grant(f"r{i}", now=0.0, ttl=3.0)
+    for i in range(7):
+        t.grant(f"s{i}", now=0.0, ttl=4.0)
+    assert len(t.expire(now=3.0)) == 8 and calls == [8]
+    assert len(t.expire(now=4.0)) == 7 and calls == [8]
+
+
+def test_next_deadline_pops_an_emptied_bucket_s_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a spy: a bucket next_deadline finds all stale leaves with its key popped off the
+    # heap, not by rebuilding the heap (the rebuild is for a key queued below it)
+    from leaseproto.core import deadlines
+
+    rebuilt: list[int] = []
+    real = deadlines.heapq.heapify
+    monkeypatch.setattr(deadlines.heapq, "heapify", lambda h: (rebuilt.append(len(h)), real(h)))
+    t = table()
+    for r in ("a", "b"):
+        t.grant(r, now=0.0, ttl=3.0)
+        t.abort(r, now=0.0)
+    t.grant("c", now=0.0, ttl=5.0)
+    assert t.next_deadline() == 5.0
+    assert rebuilt == []
+    _check_queue(t)

@@ -93,10 +93,6 @@ EQUIVALENT: dict[str, str] = {
     "the group's first: the bucket and the group are each sorted by `seq`, so every entry of the "
     "bucket is `<=` every one of the group, and the stable sort of `bucket + leases` returns that "
     "very concatenation: the same list",
-    "deadlines.py:<module>:constant 8 -> 9:8#0": "`_WHOLE`, the length from which "
-    "`take_due` first checks a bucket whole: only a speed threshold. A clean bucket it no "
-    "longer checks (eight leases) goes through the loop below, which takes each of its "
-    "leases in the same order (all live and due at `d`): the same list",
     "deadlines.py:DeadlineQueue.take_due:constant 0 -> 1:0#1": "the group path is then tried "
     "when the second entry, not the first, has moved from `d`: `_requeue_all` does anything "
     "only when every entry is live and has the first's deadline, and then all of them have "
@@ -115,12 +111,6 @@ EQUIVALENT: dict[str, str] = {
     "deadlines.py:DeadlineQueue._take_grants:return None:return run#0": "`run` is empty there, "
     "and the one caller, `take_due`, reads the answer only as `if not granted: return out`, "
     "where `None` is as false as `[]`: the same list is returned",
-    "deadlines.py:DeadlineQueue.next_deadline:Eq -> NotEq:keys[0] == d#0": "the branch for "
-    "a bucket found all stale or renewed: `keys[0] != d` only if requeueing one of its leases "
-    "queued a key below `d`, that is a renewal that moved a deadline back, and `renew_rule` "
-    "never does (`max(deadline, ...)`, I1). So `keys[0] == d` always holds there, and the "
-    "mutant's `keys.remove(d)` and `heapify` remove that smallest key as `heappop` does: the "
-    "same heap, more slowly",
     "deadlines.py:DeadlineQueue.next_deadline:Lt -> LtE:first < d#0": "`first if first < d "
     "else d`: the two differ only where `first == d`, and then both return that value",
     "deadlines.py:DeadlineQueue._requeue_all:constant 0 -> 1:0#0": "`later` is then the second "
