@@ -17,8 +17,9 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
-__all__ = ["die_with_parent", "reap_group_on_exit"]
+__all__ = ["die_with_parent", "group_processes", "reap_group_on_exit"]
 
 PR_SET_PDEATHSIG = 1
 
@@ -56,3 +57,16 @@ def reap_group_on_exit(group: int) -> subprocess.Popen[bytes]:
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
     )
+
+
+def group_processes(group: int) -> list[int]:
+    """The live processes of process group ``group`` (zombies excluded), by pid."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):  # it ended meanwhile
+            continue
+        if int(fields[2]) == group and fields[0] != "Z":
+            out.append(int(stat.parent.name))
+    return sorted(out)

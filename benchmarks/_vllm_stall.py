@@ -21,6 +21,8 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any, Protocol
 
+from _reaper import group_processes
+
 __all__ = ["STALL_S", "Watchdog", "faulthandler_lines", "innermost_frames", "vllm_processes"]
 
 #: A request this long (a tiny model's turn takes seconds) counts as a stall.
@@ -43,19 +45,16 @@ def vllm_processes(group: int) -> dict[int, str]:
     Others in the group (multiprocessing's resource tracker) are left alone: SIGUSR1
     would end them."""
     out = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+    for pid in group_processes(group):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            cmd = (stat.parent / "cmdline").read_bytes().decode("utf-8", "replace")
-        except (OSError, IndexError):
-            continue
-        if int(fields[2]) != group or fields[0] == "Z":
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().decode("utf-8", "replace")
+        except OSError:  # it ended meanwhile
             continue
         if cmd.startswith("VLLM::"):  # vLLM's title for its engine core and workers
-            out[int(stat.parent.name)] = cmd.split("\0", 1)[0].strip()
+            out[pid] = cmd.split("\0", 1)[0].strip()
         elif "vllm.entrypoints" in cmd:
-            out[int(stat.parent.name)] = "API server"
-    return dict(sorted(out.items()))
+            out[pid] = "API server"
+    return out
 
 
 def faulthandler_lines(text: str) -> list[str]:

@@ -23,6 +23,9 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from _reaper import group_processes  # noqa: E402
 
 pytestmark = [
     pytest.mark.vllm_e2e,
@@ -125,19 +128,6 @@ def test_leaseproto_pair_two_turns_equal_one_instance(tmp_path: Path) -> None:
     assert trace["uses"] > 0, trace
 
 
-def _group(pgid: int) -> list[int]:
-    """The live processes of process group ``pgid`` (zombies excluded)."""
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            out.append(int(stat.parent.name))
-    return out
-
-
 def test_servers_die_with_the_test_process(tmp_path: Path) -> None:
     """A stand-in for the test process runs the benchmark as the test above does;
     SIGKILLed once both servers have started their engine cores, it leaves no
@@ -162,15 +152,15 @@ def test_servers_die_with_the_test_process(tmp_path: Path) -> None:
                 break
         assert len(groups) == 2, "the benchmark started no servers"
         end = time.monotonic() + 600
-        while not all(len(_group(g)) > 1 for g in groups):  # engine cores spawned
+        while not all(len(group_processes(g)) > 1 for g in groups):  # engine cores spawned
             assert time.monotonic() < end, "no engine core after 600 s"
             time.sleep(1)
         os.kill(stand_in.pid, signal.SIGKILL)
         stand_in.wait()
         end = time.monotonic() + 60
-        while any(_group(g) for g in groups) and time.monotonic() < end:
+        while any(group_processes(g) for g in groups) and time.monotonic() < end:
             time.sleep(0.5)
-        assert not [pid for g in groups for pid in _group(g)]
+        assert not [pid for g in groups for pid in group_processes(g)]
     finally:
         for g in groups:  # never leave them running, whatever failed above
             with contextlib.suppress(OSError):
