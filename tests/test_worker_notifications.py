@@ -66,3 +66,28 @@ def test_inbox_serves_senders_round_robin_in_order() -> None:
     assert [p for _, s, p in rest if s == "d"] == [b"b"]
     assert [p for _, s, p in rest if s == "flood"] == [b"2", b"3"]
     assert not inbox
+
+
+def test_gate_keeps_a_senders_order_when_its_metadata_lands_mid_admit() -> None:
+    """The sender check is NIXL's view, which another thread updates: when a
+    held sender's metadata lands between two of its held notifications, both go
+    through in arrival order, not just the later one (CI run of stop 25: P
+    handled D's hello, expired, then handled D's older heartbeat -- A1)."""
+    clock = Clock()
+    calls: list[str] = []
+
+    def known(sender: str) -> bool:  # metadata arrives right after the first look
+        calls.append(sender)
+        return len(calls) > 1
+
+    gate = NotificationGate(
+        DropLog(logging.getLogger("t"), clock=clock), known=known, hold_s=1.0, clock=clock
+    )
+    assert gate.admit([("d", b"HB:t0,t1"), ("d", b"HB:leaseproto/1")]) == []
+    clock.t += 0.1
+    calls.clear()
+    # the first look says "not yet": both stay held (before the fix the hello,
+    # looked at second, went through alone)
+    assert gate.admit([]) == []
+    assert gate.admit([]) == [("d", b"HB:t0,t1"), ("d", b"HB:leaseproto/1")]
+    assert gate.unknown_sender == 0

@@ -70,9 +70,17 @@ class NotificationGate:
         now = self.clock()
         out: list[tuple[str, bytes]] = []
         if self._held:
+            # One look per sender: ``known`` is NIXL's view, which another
+            # thread updates, and a sender whose metadata landed between two
+            # of its held notifications must not have the later one handled
+            # first (P would expire past the earlier one, A1).
+            looked: dict[str, bool] = {}
             still: deque[tuple[float, str, bytes]] = deque()
             for arrived, sender, payload in self._held:
-                if self.known is not None and self.known(sender):
+                ok = looked.get(sender)
+                if ok is None:
+                    ok = looked[sender] = self.known is not None and self.known(sender)
+                if ok:
                     out.append((sender, payload))
                 elif now - arrived >= self.hold_s:
                     self._unknown(sender, len(payload))
