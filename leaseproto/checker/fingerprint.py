@@ -136,6 +136,13 @@ def world_fingerprint(w: World_) -> bytes:
         tuple(sorted((k, tuple(sorted(v))) for k, v in w.due.items())),
         tuple((p, clock_fp(c, w, h)) for p, c in sorted(w.clocks.items())),
         tuple((p, _rel(t, now, h)) for p, t in sorted(w.hello.items())),
+        # the router's give-ups (scope ``router``; empty elsewhere)
+        tuple(
+            sorted((r, _rel(at, now, h), tuple(sorted(ex))) for r, (at, ex) in w.gave_up.items())
+        ),
+        tuple((k, tuple(v)) for k, v in sorted(w.ctl.items()) if v),
+        tuple(sorted(w.cancelled)),
+        tuple(sorted(w.routed)),
     )
     state = (
         tuple(table_fp(w.tables[p], now, h) for p in w.P),

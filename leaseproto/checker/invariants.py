@@ -73,6 +73,9 @@ INVARIANTS = {
     "registration -- P's heartbeats to D on schedule (in push on P's own drifting clock), the "
     "lease never expires while P tracks it, and D frees it by max(granted_at + ttl, h + "
     "lease_extension)",
+    "I17": "a request the router gave up on leaves nothing held (scope giveup): after the "
+    "router's aborts, no P rank it can reach holds the request's lease and D no longer tracks "
+    "it (unless D is gone: the leases lapse, I5/I6)",
 }
 
 

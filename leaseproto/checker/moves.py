@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from ..core import wire
 from ..core.table import LeaseTable
-from . import glue
+from . import giveups, glue
 from .ghosts import Action, Instance, Msg
 from .scope import Scope
 
@@ -45,6 +45,8 @@ class Moves:
     d_alive: bool
     d_received: bool
     paused_until: int
+    gave_up: dict[str, tuple[int, frozenset[str]]]
+    cancelled: set[tuple[str, str]]
 
     def paused(self) -> bool:
         return self.now < self.paused_until
@@ -81,7 +83,7 @@ class Moves:
             table = self.tables[p]
             for r in self.R:
                 insts = self.inst.get((p, r), [])
-                if r not in self.granted_now.get(p, ()) and (
+                if r not in self.granted_now.get(p, ()) and (p, r) not in self.cancelled and (
                     not insts
                     or (
                         not insts[-1].live
@@ -111,15 +113,16 @@ class Moves:
         return not any(r in glue.names(m) for m in (*mine, *self.inbox.get(p, ())))
 
     def _d_actions(self) -> list[Action]:
-        if not self.d_acts():
-            return [("tick",)]
-        if not self.d_received:
+        if not self.d_received and self.d_acts():
             return [("d_recv",)]
-        out: list[Action] = []
+        # the router's give-ups (scope ``router``): at D's turn, also while D is gone
+        out: list[Action] = giveups.actions(self) if self.scope.router else []
+        if not self.d_acts():
+            return [*out, ("tick",)]
         late = False
         for r in self.R:
             ph = self.phase[r]
-            if ph == "new" and r in self.first_grant:
+            if ph == "new" and r in self.first_grant and r not in self.gave_up:
                 out.append(("route", r))
                 late = late or self.now - self.first_grant[r] >= 1
             if ph == "tracked":

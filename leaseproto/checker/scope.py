@@ -50,6 +50,9 @@ class Scope:
     dups: int = 1
     #: D may abort a request it tracks
     aborts: bool = True
+    #: the router may give up on a request, for every cause the router has
+    #: (:mod:`.giveups`, I17)
+    router: bool = False
     #: D may crash (stops for good)
     d_crash: bool = True
     #: ticks D may pause once (0: never). A pause breaks §5's assumptions.
@@ -226,6 +229,19 @@ SCOPES: dict[str, Scope] = {
         regrants=1,
         max_states=3_000_000,
     ),
+    # the router giving up (I17): two P ranks, and the router fails the request for each
+    # cause it has (a rank refusing, failing or lost, D unreachable, failed or lost, the
+    # deadline), at any instant its cause allows; its aborts are the workers' own rule
+    "giveup": Scope(
+        "giveup",
+        requests=1,
+        p_ranks=2,
+        d_ranks=1,
+        losses=0,
+        dups=0,
+        router=True,
+        max_states=2_000_000,
+    ),
     # leaseproto check --scope large (its figure in docs/verification.md)
     "large": Scope(
         "large",
@@ -339,6 +355,8 @@ QUICK: dict[str, Scope] = {
     },
     "ranks-n": SCOPES["ranks-n"].with_(max_states=3_000),
     "compaction": SCOPES["compaction"].with_(max_states=3_000),
+    # the router's give-ups (I17): every cause within the first instants
+    "giveup": SCOPES["giveup"].with_(max_states=3_000),
 }
 # two writer ranks (P with TP 2) and the pause, exhaustive (10,657 states): D uses the
 # pushed KV only after both WRITEs, and each rank that will not write aborts

@@ -21,7 +21,7 @@ from ..core.events import Release
 from ..core.table import LeaseTable
 from ..core.tracker import HeartbeatTracker
 from ..workers import verdicts
-from . import glue
+from . import giveups, glue
 from . import invariants as inv
 from .clone import clone_table, clone_tracker
 from .compaction import EagerQueue
@@ -103,6 +103,15 @@ class World(Moves):
         #: D's clock samples of each P engine (scopes with ``gate``), and when it sent its hello
         self.clocks: dict[str, ClockOffset] = {}
         self.hello: dict[str, int] = {}
+        # -- the router's give-ups (scope ``router``, :mod:`.giveups`) ---------------------
+        #: request -> (the instant the router gave up on it, the ranks I17 exempts)
+        self.gave_up: dict[str, tuple[int, frozenset[str]]] = {}
+        #: the router's aborts on their way to each P rank and to D (the control plane)
+        self.ctl: dict[str, list[str]] = {}
+        #: (rank, request): the rank's prefill was dropped (failed, or aborted first)
+        self.cancelled: set[tuple[str, str]] = set()
+        #: the requests the router handed to D (kept in scopes with ``router`` only)
+        self.routed: set[str] = set()
 
     def new_table(self) -> LeaseTable:
         """A rank's table (with a queue compacted early in scopes with a slack)."""
@@ -163,6 +172,10 @@ class World(Moves):
         new.due = {k: set(v) for k, v in self.due.items()}
         new.clocks = {p: copy.copy(c) for p, c in self.clocks.items()}
         new.hello = dict(self.hello)
+        new.gave_up = dict(self.gave_up)
+        new.ctl = {k: list(v) for k, v in self.ctl.items()}
+        new.cancelled = set(self.cancelled)
+        new.routed = set(self.routed)
         return new
 
     def live_inst(self, p: str, r: str) -> Instance | None:
@@ -257,6 +270,7 @@ class World(Moves):
         which would spare ``expire`` the lazy requeue it must get right on its own."""
         self.turn += 1
         table = self.tables[p]
+        giveups.at_p(self, p)  # the router's aborts (scope ``router``)
         for m in self.inbox.pop(p, []):
             glue.at_p(self, p, m)
         for rel in table.expire(now=float(self.now)):
@@ -267,6 +281,7 @@ class World(Moves):
         for r in [r for r, (_, at) in tombs.items() if at + ttl <= self.now]:
             del tombs[r]
         inv.check_reaped(self, p)
+        giveups.check_p(self, p)
 
     def _do_p_restart(self, p: str) -> None:
         self.budget["restart"] -= 1
@@ -295,9 +310,13 @@ class World(Moves):
         for d in self.D:
             for m in self.inbox.pop(d, []):
                 glue.at_d(self, d, m)
+        giveups.at_d(self)  # the router's aborts (scope ``router``)
+        giveups.check_d(self)
 
     def _do_route(self, r: str) -> None:
         self.phase[r] = "tracked"
+        if self.scope.router:
+            self.routed.add(r)
         for d in self.D:
             self.due[(r, d)] = set(self.P)
         for p in self.P:
@@ -335,6 +354,13 @@ class World(Moves):
         self.untrack(r, "aborted")
         for p in self.P:
             self.send(self.D[0], p, wire.encode_abort(r))
+
+    def abort_request(self, r: str) -> None:
+        """D aborts ``r`` (its own decision, or the router's abort)."""
+        self._do_abort(r)
+
+    def _do_give_up(self, r: str, cause: str, rank: int | None) -> None:
+        giveups.do_give_up(self, r, cause, rank)
 
     def _do_d_crash(self) -> None:
         self.d_alive = False

@@ -35,6 +35,7 @@ import zmq
 from ..core import wire
 from ..core.mac import ClusterKey
 from .conversations import Conversations, prefix_summary
+from .giveup import give_up
 from .keys import announce, curve
 from .limits import never_fits
 from .loop import EngineLoop
@@ -195,7 +196,7 @@ class Router(EngineLoop):
             # no d_tp: P grants before D is chosen; each reader's transfer-done
             # says how many D ranks read that P rank (its n)
             if not peer.send({"op": "prefill", "req_id": req_id, "prompt": prompt, **readers}):
-                self._abort_prefill(p)
+                self._give_up(p, "unsent")
                 self._finish(p, now, ok=False, error=f"prefill rank {i} is not taking requests")
                 return
 
@@ -257,7 +258,7 @@ class Router(EngineLoop):
         if p is None or p.stage != "prefill":
             return  # an answer for a request that already failed
         if op != "prefilled":
-            self._abort_prefill(p, except_rank=index)
+            self._give_up(p, "rank_failed", rank=index)
             self._finish(
                 p, now, ok=False, error=f"prefill rank {index} failed: {msg.get('error', op)}"
             )
@@ -265,7 +266,6 @@ class Router(EngineLoop):
         p.ranks[index] = msg
         if len(p.ranks) < len(self.prefill):
             return
-        p.stage = "decode"
         p.prefilled_at = now
         ranks = []
         for i in range(len(self.prefill)):
@@ -291,13 +291,18 @@ class Router(EngineLoop):
             }
         )
         if not sent:  # D will never read it: free P's blocks now rather than at expiry
-            self._abort_prefill(p)
+            self._give_up(p, "decode_unreachable")
             self._finish(p, now, ok=False, error="the decode engine is not taking requests")
+            return
+        p.stage = "decode"
 
-    def _abort_prefill(self, p: _Pending, except_rank: int | None = None) -> None:
-        for i, peer in enumerate(self.prefill):
-            if i != except_rank:
-                peer.send({"op": "abort", "req_id": p.req_id})
+    def _give_up(self, p: _Pending, cause: str, *, rank: int | None = None) -> None:
+        """Send the aborts :func:`.giveup.give_up` names for failing ``p``."""
+        out = give_up(cause, stage=p.stage, p_ranks=len(self.prefill), rank=rank)
+        for i in out.prefill:
+            self.prefill[i].send({"op": "abort", "req_id": p.req_id})
+        if out.decode:
+            self.decode.send({"op": "abort", "req_id": p.req_id})
 
     def _from_decode(self, msg: Msg, now: float) -> None:
         op = msg["op"]
@@ -314,7 +319,7 @@ class Router(EngineLoop):
         if p is None or p.stage != "decode":
             return
         if not msg.get("ok"):  # D will not read (or no longer needs) P's blocks
-            self._abort_prefill(p)
+            self._give_up(p, "decode_failed")
         if op == "decoded":
             self._finish(
                 p,
@@ -332,8 +337,7 @@ class Router(EngineLoop):
         name = "decode engine" if index is None else f"prefill rank {index}"
         for p in list(self.pending.values()):
             if p.stage == stage:
-                if stage == "prefill":
-                    self._abort_prefill(p, except_rank=index)
+                self._give_up(p, "lost", rank=index)
                 self._finish(p, now, ok=False, error=f"{name} disconnected")
         if index is None:
             self.info.pop(-1, None)
@@ -346,9 +350,7 @@ class Router(EngineLoop):
         for p in list(self.pending.values()):
             if now - p.started > limit:
                 # give up everywhere, so nothing stays held for an answer no one awaits
-                self._abort_prefill(p)
-                if p.stage == "decode":
-                    self.decode.send({"op": "abort", "req_id": p.req_id})
+                self._give_up(p, "timeout")
                 self._finish(
                     p, now, ok=False, error=f"no answer within {limit:g} s (stage {p.stage})"
                 )
