@@ -103,6 +103,10 @@ WRONG_RULES = {
         '    if cause == "lost" and stage == "decode":',
         '    if cause == "timeout" or (cause == "lost" and stage == "decode"):',
     ),
+    "D failed it: no P rank told": (
+        '    if cause == "lost" and stage == "decode":',
+        '    if cause == "decode_failed" or (cause == "lost" and stage == "decode"):',
+    ),
     "a refused prefill tells no P rank": (
         '    if cause == "lost" and stage == "decode":',
         '    if cause == "unsent" or (cause == "lost" and stage == "decode"):',

@@ -28,7 +28,7 @@ from ..core.events import Release
 from ..workers import giveup
 from .ghosts import Action, Violation
 
-__all__ = ["actions", "at_d", "at_p", "check_d", "check_p", "do_give_up"]
+__all__ = ["actions", "at_d", "at_p", "check_d", "check_p", "do_give_up", "refuse"]
 
 #: a :class:`~.world.World` (not imported: the world imports this module)
 World_ = Any
@@ -61,6 +61,14 @@ def actions(w: World_) -> list[Action]:
         elif r in w.routed and ph == "crashed":
             out.append(("give_up", r, "lost", None))  # D's connection dropped
     return out
+
+
+def refuse(w: World_, r: str) -> None:
+    """D refuses ``r`` at intake (``DecodeScheduler.intake``: parameters it cannot
+    serve): it never tracks it, tells P nothing and answers the router ``ok`` =
+    false, the one way D fails a request without its own ``AB:`` reaching P."""
+    w.phase[r] = "failed"
+    w.routed.add(r)
 
 
 def do_give_up(w: World_, r: str, cause: str, rank: int | None) -> None:

@@ -83,13 +83,17 @@ class Moves:
             table = self.tables[p]
             for r in self.R:
                 insts = self.inst.get((p, r), [])
-                if r not in self.granted_now.get(p, ()) and (p, r) not in self.cancelled and (
-                    not insts
-                    or (
-                        not insts[-1].live
-                        and self.budget["regrant"] > 0
-                        and r not in table
-                        and self._unique_again(p, r)
+                if (
+                    r not in self.granted_now.get(p, ())
+                    and (p, r) not in self.cancelled
+                    and (
+                        not insts
+                        or (
+                            not insts[-1].live
+                            and self.budget["regrant"] > 0
+                            and r not in table
+                            and self._unique_again(p, r)
+                        )
                     )
                 ):
                     out.append(("regrant" if insts else "grant", p, r))
@@ -124,6 +128,8 @@ class Moves:
             ph = self.phase[r]
             if ph == "new" and r in self.first_grant and r not in self.gave_up:
                 out.append(("route", r))
+                if self.scope.router:  # D refuses it at intake and answers ok = false
+                    out.append(("refuse", r))
                 late = late or self.now - self.first_grant[r] >= 1
             if ph == "tracked":
                 out += self._transfer_actions(r)

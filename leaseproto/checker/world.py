@@ -362,6 +362,9 @@ class World(Moves):
     def _do_give_up(self, r: str, cause: str, rank: int | None) -> None:
         giveups.do_give_up(self, r, cause, rank)
 
+    def _do_refuse(self, r: str) -> None:
+        giveups.refuse(self, r)
+
     def _do_d_crash(self) -> None:
         self.d_alive = False
         self.tracker = HeartbeatTracker(self.cfg)
