@@ -820,3 +820,40 @@ def test_next_deadline_pops_an_emptied_bucket_s_key(monkeypatch: pytest.MonkeyPa
     assert t.next_deadline() == 5.0
     assert rebuilt == []
     _check_queue(t)
+
+
+def test_a_copy_of_the_deadline_queue_answers_as_the_original_and_apart_from_it() -> None:
+    """``DeadlineQueue.copy`` (the model checker clones a table per branch): the
+    copy names the same deadlines for the remapped leases, and what one of them
+    takes is not taken from the other (mutation run 2026-12-06: the copy's bucket
+    keys or buckets left out)."""
+    t = LeaseTable(LeaseConfig(kv_lease_duration=5.0, heartbeat_interval=1.0, lease_extension=4.0))
+    t.grant("a", now=0.0)
+    t.grant("b", now=1.0)
+    t.renew(["a"], now=3.0)
+    assert not t.expire(now=5.0)  # a's grant entry requeued into a calendar bucket (7.0)
+    q = t._queue
+    assert q._buckets and q._keys  # b's entry is still in the list of grants
+    twins = {id(lease): copy.copy(lease) for lease in t._leases.values()}
+    c = q.copy(lambda lease: twins[id(lease)])
+    twin_live = {lease.req_id: lease for lease in twins.values()}
+    assert [(d, lease.req_id) for d, lease in c.entries()] == [
+        (d, lease.req_id) for d, lease in q.entries()
+    ]
+    assert {id(lease) for _, lease in c.entries()} <= {id(x) for x in twins.values()}
+    assert c.next_deadline(twin_live) == q.next_deadline(t._leases) == 6.0
+    assert [x.req_id for x in c.take_due(6.0, twin_live)] == ["b"]
+    del twin_live["b"]
+    assert c.next_deadline(twin_live) == 7.0  # a's renewal: 3.0 + 4.0
+    assert [x.req_id for x in c.take_due(7.0, twin_live)] == ["a"]
+    assert sorted(lease.req_id for _, lease in q.entries()) == ["a", "b"]  # untouched
+    assert q.next_deadline(t._leases) == 6.0
+
+
+def test_a_lease_record_is_slotted() -> None:
+    """A live lease's record is the largest part of its memory (docs/performance.md):
+    no per-instance ``__dict__`` (mutation run 2026-12-06: ``__slots__`` deleted)."""
+    lease = Lease("a", 0.0, 5.0, seq=0)
+    assert not hasattr(lease, "__dict__")
+    with pytest.raises(AttributeError):
+        lease.deadlin = 1.0  # type: ignore[attr-defined]

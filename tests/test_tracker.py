@@ -383,3 +383,49 @@ def test_payloads_fill_each_message_up_to_the_byte_and_never_past_it() -> None:
             got = [wire.decode(m) for m in out]
             assert [i for h in got for i in h.ids] == ids, (width, max_bytes)  # type: ignore[attr-defined]
             assert all(len(m) + 1 + width > max_bytes for m in out[:-1]), (width, max_bytes)
+
+
+# Spies for two mutants of the 2026-12-06 run that only made the tracker slower
+# (docs/mutation.md: a speed-only mutant gets a spy, not an equivalence note).
+
+
+def test_payloads_of_due_s_own_lists_skip_the_repeat_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``due()``'s lists name each id once, so ``payloads`` builds no set for them
+    (the check's ``and`` made ``or``: a set per heartbeat); a caller's list is checked."""
+    from leaseproto.core import tracker as tracker_mod
+
+    t = HeartbeatTracker(LeaseConfig())
+    for i in range(3):
+        t.track(f"d{i}", engine_id="P0", remote_req_id=f"p{i}", now=10.0)
+    (ids,) = t.due(now=10.0).values()
+    sets: list[object] = []
+
+    def spy(it: object = ()) -> set[object]:
+        sets.append(it)
+        return set(it)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(tracker_mod, "set", spy, raising=False)
+    assert t.payloads(ids) == wire.encode_heartbeat(["p0", "p1", "p2"], max_bytes=4096)
+    assert sets == []
+    assert t.payloads(["p0", "p0", "p1"]) == wire.encode_heartbeat(["p0", "p1"], max_bytes=4096)
+    assert len(sets) == 1
+
+
+@pytest.mark.parametrize("now", [0.5, 5])
+def test_track_takes_a_valid_now_without_the_slow_clock_check(
+    monkeypatch: pytest.MonkeyPatch, now: float
+) -> None:
+    """A finite float at or below 1 s and an int above it are accepted by
+    ``track``'s inline test, not by ``_clock`` (its ``or`` made ``and`` sent both
+    there: same answer, slower)."""
+    calls: list[float] = []
+    real = HeartbeatTracker._clock
+
+    def spy(self: HeartbeatTracker, t: float) -> None:
+        calls.append(t)
+        real(self, t)
+
+    monkeypatch.setattr(HeartbeatTracker, "_clock", spy)
+    t = HeartbeatTracker(LeaseConfig())
+    t.track("d", engine_id="P0", now=now)
+    assert calls == [] and t.due(now=now) == {"P0": ["d"]}
