@@ -13,7 +13,8 @@ Failures are answers, never hangs: a worker whose connection drops fails every
 request waiting on it (ZeroMQ socket monitor), a rank that cannot prefill
 fails the request and the other ranks are told to abort (so they free at once
 instead of at expiry), and every request has a deadline; a request given up
-on is aborted on D and P, so nothing stays held. A request no worker could
+on is aborted on D and P, so nothing stays held (whom it tells, for each cause,
+is :func:`.giveup.give_up`, which the model checker runs too: I17). A request no worker could
 ever schedule (more positions than the model has, more blocks than a pool
 holds: the limits each worker reports in its ``pong``) is refused at intake.
 
