@@ -119,3 +119,55 @@ def test_every_wire_message_is_frozen_hashable_and_slotted() -> None:
             setattr(message, field, getattr(message, field))
         assert hash(message) == hash(dataclasses.replace(message))
         assert not hasattr(message, "__dict__"), type(message).__name__
+
+
+def test_an_expire_call_s_releases_let_go_of_the_lease_records_once_built() -> None:
+    """``Releases`` builds each ``Release`` when first read and then holds no lease
+    record (mutation run 2026-12-06: ``self._leases = ()`` deleted kept every
+    expired lease's record alive as long as the releases)."""
+    t = LeaseTable(LeaseConfig())
+    t.grant("a", now=0.0)
+    t.grant("b", now=0.0)
+    out = t.expire(now=1000.0)
+    assert [r.req_id for r in out] == ["a", "b"]
+    assert out._leases == ()
+    assert [r.req_id for r in out] == ["a", "b"]  # built once, read again
+
+
+def test_the_tracker_s_id_lists_are_slotted() -> None:
+    """One list per engine per ``due()`` call: no per-instance ``__dict__``
+    (mutation run 2026-12-06: ``_Ids.__slots__`` deleted)."""
+    from leaseproto.core.tracker import _Ids
+
+    t = HeartbeatTracker(LeaseConfig())
+    t.track("d", engine_id="P0", now=10.0)
+    (ids,) = t.due(now=10.0).values()
+    assert type(ids) is _Ids and not hasattr(ids, "__dict__")
+
+
+def test_lease_info_reports_the_cap_instant() -> None:
+    """``cap_at`` is ``granted_at + max_lease_lifetime`` (mutation run 2026-12-06:
+    ``+`` made ``-``), ``None`` without a cap."""
+    t = LeaseTable(LeaseConfig(kv_lease_duration=5.0, max_lease_lifetime=7.0))
+    t.grant("a", now=10.0)
+    info = t.lease_info("a")
+    assert info is not None and info["cap_at"] == 17.0 and info["granted_at"] == 10.0
+    u = LeaseTable(LeaseConfig())
+    u.grant("a", now=10.0)
+    assert (u.lease_info("a") or {})["cap_at"] is None
+
+
+def test_an_expired_lease_s_tombstone_is_forgotten_at_its_ttl() -> None:
+    """The tombstones one ``expire`` call leaves are pruned ``tombstone_ttl``
+    later, with nothing else in the table to prune (mutation run 2026-12-06: the
+    bulk expiry's ``_kept`` deleted left them until some other entry's time)."""
+    cfg = LeaseConfig(kv_lease_duration=5.0)
+    ttl = cfg.tombstone_ttl
+    t = LeaseTable(cfg)
+    t.grant("a", now=0.0)
+    assert t.expire(now=5.0).ids == ["a"]
+    assert t.ended("a") is ReleaseReason.EXPIRED
+    t.expire(now=5.0 + ttl - 0.5)
+    assert t.ended("a") is ReleaseReason.EXPIRED
+    t.expire(now=5.0 + ttl)
+    assert t.ended("a") is None
