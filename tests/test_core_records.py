@@ -171,3 +171,20 @@ def test_an_expired_lease_s_tombstone_is_forgotten_at_its_ttl() -> None:
     assert t.ended("a") is ReleaseReason.EXPIRED
     t.expire(now=5.0 + ttl)
     assert t.ended("a") is None
+
+
+def test_an_expire_call_s_releases_compare_and_print_as_a_list() -> None:
+    """``Releases`` equals another ``Releases`` or a list of the same releases,
+    leaves any other comparison to the other operand, and prints its releases
+    (mutation run 2026-12-06: ``__eq__`` and ``__repr__`` reached by no test)."""
+    t, u = LeaseTable(LeaseConfig()), LeaseTable(LeaseConfig())
+    for table in (t, u):
+        table.grant("a", now=0.0)
+    out, same = t.expire(now=1000.0), u.expire(now=1000.0)
+    assert out == same
+    assert (out != same) is False
+    assert out == list(same) and list(out) == same
+    assert out.__eq__(5) is NotImplemented and (out == 5) is False
+    t.grant("b", now=1000.0)
+    assert t.expire(now=2000.0) != out
+    assert repr(out) == f"Releases({list(out)!r})" and "req_id='a'" in repr(out)

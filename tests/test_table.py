@@ -857,3 +857,72 @@ def test_a_lease_record_is_slotted() -> None:
     assert not hasattr(lease, "__dict__")
     with pytest.raises(AttributeError):
         lease.deadlin = 1.0  # type: ignore[attr-defined]
+
+
+# Tests for the survivors of the full mutation run of 2026-12-06 (docs/mutation.md).
+
+
+def _cfg(**kw: float) -> LeaseConfig:
+    return LeaseConfig(
+        **{"kv_lease_duration": 5.0, "heartbeat_interval": 1.0, "lease_extension": 6.0, **kw}
+    )
+
+
+def test_grants_renewed_alike_requeue_as_a_group_and_the_fresh_one_still_expires() -> None:
+    """Three grants due at one instant, two renewed to one deadline: the fresh one
+    is released on time and the two at their renewal (``_take_grants``'s group
+    path returned ``None`` instead of the fresh grants)."""
+    t = LeaseTable(_cfg())
+    for r in ("a", "b", "c"):
+        t.grant(r, now=0.0)
+    t.renew(["a", "c"], now=1.0)  # 7.0 both
+    assert t.expire(now=5.0).ids == ["b"]
+    assert t.next_deadline() == 7.0
+    assert t.expire(now=7.0).ids == ["a", "c"]
+
+
+def test_grants_renewed_to_different_deadlines_each_go_to_their_own() -> None:
+    """Renewed grants whose deadlines differ go into the calendar one group per
+    deadline, each lease in its group (``group.append`` deleted lost the second
+    lease renewed to a deadline already grouped: never released)."""
+    t = LeaseTable(_cfg())
+    for r in ("a", "b", "c"):
+        t.grant(r, now=0.0)
+    t.renew(["a", "c"], now=1.0)  # 7.0
+    t.renew(["b"], now=2.0)  # 8.0
+    assert t.expire(now=5.0).ids == []
+    assert t.expire(now=7.0).ids == ["a", "c"]
+    assert t.expire(now=8.0).ids == ["b"]
+    assert t.live() == [] and t.next_deadline() is None
+
+
+def test_a_lease_moved_back_below_its_bucket_is_found_first() -> None:
+    """``next_deadline`` meets a lease whose deadline moved back (no rule of the
+    table does that today; the queue allows it) when its old bucket comes up: it is
+    requeued below, the emptied bucket's key removed from the middle of the heap
+    and the heap restored, so every later bucket still comes out in order
+    (``keys.remove`` or ``heapify`` deleted: a bucket skipped, its lease taken late).
+    The deadlines were found by a search over random heaps for one that the
+    missing ``heapify`` breaks."""
+    q = DeadlineQueue()
+    deadlines = (17.0, 30.0, 15.0, 27.0, 28.0, 37.0, 12.0, 36.0, 18.0)
+    leases = {f"r{i}": Lease(f"r{i}", 0.0, d, seq=i) for i, d in enumerate(deadlines)}
+    for lease in leases.values():
+        q.push(lease)
+    leases["r0"].deadline = 2.0  # moved back from 17
+    order = []
+    while (d := q.next_deadline(leases)) is not None:
+        order.append(d)
+        for lease in q.take_due(d, leases):
+            assert lease.deadline == d
+            del leases[lease.req_id]
+    assert order == [12.0, 15.0, 2.0, 18.0, 27.0, 28.0, 30.0, 36.0, 37.0] and not leases
+
+
+def test_a_grant_whose_cap_instant_overflows_is_refused() -> None:
+    """``now + max_lease_lifetime`` must be finite as the deadline must
+    (``cap_at < inf`` made ``<=``: an infinite cap accepted)."""
+    t = LeaseTable(_cfg(max_lease_lifetime=1e308))
+    with pytest.raises(LocalProtocolError, match="finite"):
+        t.grant("a", now=1.7e308)
+    assert t.live() == []

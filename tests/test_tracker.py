@@ -429,3 +429,15 @@ def test_track_takes_a_valid_now_without_the_slow_clock_check(
     t = HeartbeatTracker(LeaseConfig())
     t.track("d", engine_id="P0", now=now)
     assert calls == [] and t.due(now=now) == {"P0": ["d"]}
+
+
+def test_a_remote_id_two_tracked_requests_name_is_heartbeated_until_both_go() -> None:
+    """Two local requests naming one P id (mutation run 2026-12-06: ``n > 1`` made
+    ``n > 2`` in ``untrack`` stopped the id's heartbeats at the first untrack)."""
+    t = HeartbeatTracker(LeaseConfig())
+    t.track("d1", engine_id="P0", remote_req_id="p", now=10.0)
+    t.track("d2", engine_id="P0", remote_req_id="p", now=10.0)
+    t.untrack("d1")
+    assert t.due(now=10.0) == {"P0": ["p"]}
+    t.untrack("d2")
+    assert t.due(now=20.0) == {} and t.engines() == []

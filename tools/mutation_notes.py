@@ -20,6 +20,12 @@ _CUT_0 = (
     "for the ids `payloads` takes (checked by `track`) `cut` is -1 or past the first id, never 0"
 )
 
+#: deadlines.py's unused attrgetter (removed since)
+_DEAD_REQ_ID = (
+    "deadlines.py:<module>:statement deleted:"
+    "_REQ_ID: Callable[[Lease], str] = attrgetter('req_id')#0"
+)
+
 EQUIVALENT: dict[str, str] = {
     "tracker.py:HeartbeatTracker._threshold:constant 8 -> 9:8#0": "the bound of the search for the "
     "float threshold only decides when to give the shortcut up: a threshold is returned only once "
@@ -149,6 +155,8 @@ EQUIVALENT: dict[str, str] = {
     "`dict.__delitem__`, `OrderedDict.move_to_end` (or, before 93776db, the `state` slot's "
     "setter), which return None: it keeps a None, "
     "no object of the table's (the calls run the same, consumed to the end either way)",
+    _DEAD_REQ_ID: "`_REQ_ID` was defined in `deadlines.py` and read nowhere (the table has "
+    "its own): deleting it changed nothing. Dead, so removed since the run of 2026-12-06 found it",
     # -- rules.py --
     "rules.py:<module>:constant 1 -> 2:1#0": "`NO_ROW = -1` -> `-2`: NO_ROW only has to be no "
     "state (LeaseState is 0..4), and -2 is none either; every use compares with the name "

@@ -43,7 +43,6 @@ from .lease import Lease
 __all__ = ["DeadlineQueue"]
 
 _SEQ: Callable[[Lease], int] = attrgetter("seq")
-_REQ_ID: Callable[[Lease], str] = attrgetter("req_id")
 _DEADLINE: Callable[[Lease], float] = attrgetter("deadline")
 _LAST: Callable[[Lease], float | None] = attrgetter("last_renewal")
 _STATE: Callable[[Lease], int] = attrgetter("state")
