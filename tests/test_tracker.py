@@ -431,13 +431,15 @@ def test_track_takes_a_valid_now_without_the_slow_clock_check(
     assert calls == [] and t.due(now=now) == {"P0": ["d"]}
 
 
-def test_a_remote_id_two_tracked_requests_name_is_heartbeated_until_both_go() -> None:
-    """Two local requests naming one P id (mutation run 2026-12-06: ``n > 1`` made
-    ``n > 2`` in ``untrack`` stopped the id's heartbeats at the first untrack)."""
+def test_a_remote_id_tracked_requests_share_is_heartbeated_until_all_go() -> None:
+    """Three local requests naming one P id: heartbeats go on until the last is
+    untracked (mutation run 2026-12-06: ``n > 1`` made ``n > 2`` stopped them at
+    the first untrack of two, ``n - 1`` made ``n - 2`` at the second of three)."""
     t = HeartbeatTracker(LeaseConfig())
-    t.track("d1", engine_id="P0", remote_req_id="p", now=10.0)
-    t.track("d2", engine_id="P0", remote_req_id="p", now=10.0)
-    t.untrack("d1")
-    assert t.due(now=10.0) == {"P0": ["p"]}
-    t.untrack("d2")
-    assert t.due(now=20.0) == {} and t.engines() == []
+    for local in ("d1", "d2", "d3"):
+        t.track(local, engine_id="P0", remote_req_id="p", now=10.0)
+    for local, now in (("d1", 10.0), ("d2", 20.0)):
+        t.untrack(local)
+        assert t.due(now=now) == {"P0": ["p"]}, local
+    t.untrack("d3")
+    assert t.due(now=30.0) == {} and t.engines() == []
