@@ -33,6 +33,7 @@ from . import (
     bmc,
     clock_gate,
     codec,
+    giveup_rule,
     loops,
     model,
     settings,
@@ -47,6 +48,7 @@ from . import counterexamples as cx
 from . import invariants as inv_mod
 from .code_runs import (
     clock_obligations,
+    giveup_obligations,
     loop_obligations,
     settings_obligations,
     structure_obligations,
@@ -349,6 +351,8 @@ def all_obligations(system: str | None = None) -> list[Obligation]:
             obs += settings_obligations()
         if system in (None, clock_gate.SYSTEM):
             obs += clock_obligations()
+        if system in (None, giveup_rule.SYSTEM):
+            obs += giveup_obligations()
         obs += theorem_obligations(model.gate_theorems())
         obs += theorem_obligations(timing.theorems())
         obs += theorem_obligations(timing_turn2.theorems())

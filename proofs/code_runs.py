@@ -9,7 +9,7 @@ from typing import Any
 
 import z3
 
-from . import clock_gate, codec, loops, settings, structures, tracking
+from . import clock_gate, codec, giveup_rule, loops, settings, structures, tracking
 from .obligation import Obligation
 
 
@@ -69,6 +69,15 @@ def clock_obligations(only: str = "") -> list[Obligation]:
     exactly, on every sequence of samples of a bounded pool."""
     return _run_obligations(
         clock_gate.SYSTEM, ("L19", "I9"), clock_gate.checks(only), "the clock", "spec §8.7 does"
+    )
+
+
+def giveup_obligations(only: str = "") -> list[Obligation]:
+    """L20: the router's give-up rule (:mod:`proofs.giveup_rule`) is spec §2.1's, on
+    every input of a bounded set (I17's table; the model checker's scope ``giveup``
+    shows the aborts it names leave nothing held)."""
+    return _run_obligations(
+        giveup_rule.SYSTEM, ("L20", "I17"), giveup_rule.checks(only), "the rule", "spec §2.1 does"
     )
 
 

@@ -56,6 +56,7 @@ UNITS: dict[str, Callable[[], list[Obligation]]] = {
     "wire": code_runs.wire_obligations,
     "settings": code_runs.settings_obligations,
     "clock": code_runs.clock_obligations,
+    "giveup": code_runs.giveup_obligations,
     "theorems": _theorems,
     "timing": _timing,
 }

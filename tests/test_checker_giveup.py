@@ -6,6 +6,8 @@ check gone, the leases it leaves behind lapse by I5 and nothing else fails)."""
 from __future__ import annotations
 
 import pytest
+from leaseproto.proofs import check as prove_check
+from leaseproto.proofs.code_runs import giveup_obligations
 from test_checker import mutate
 
 from leaseproto.checker import INVARIANTS, SCOPES, check, giveups
@@ -133,3 +135,27 @@ def test_each_wrong_rule_is_caught_by_i17(name: str, monkeypatch: pytest.MonkeyP
 def test_the_router_scope_is_off_elsewhere() -> None:
     """Only ``giveup`` lets the router give up: the other scopes' state counts stand."""
     assert [n for n, s in SCOPES.items() if s.router] == ["giveup"]
+
+
+def _l20_holds() -> bool:
+    (ob,) = giveup_obligations()
+    return bool(prove_check.solve(ob).ok)
+
+
+def test_l20_the_rule_equals_the_spec_s_table() -> None:
+    assert _l20_holds()
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        *WRONG_RULES.values(),
+        # a rank the rule should refuse as misuse, accepted
+        ("not 0 <= rank < p_ranks", "not -1 <= rank < p_ranks"),
+        # telling the failed rank too (harmless, so the checker passes it; L20 does not)
+        ("if i != rank", "if True"),
+    ],
+)
+def test_l20_fails_on_a_wrong_rule(wrong: tuple[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    mutate(monkeypatch, giveup, "give_up", *wrong)
+    assert not _l20_holds()
