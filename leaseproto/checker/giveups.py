@@ -107,9 +107,9 @@ def at_d(w: World_) -> None:
 
 def check_p(w: World_, p: str) -> None:
     """I17 on P: after its step, ``p`` holds no lease of a request given up before now."""
-    live = w.tables[p]
+    table = w.tables[p]
     for r, (at, exempt) in w.gave_up.items():
-        if at < w.now and p not in exempt and r in live:
+        if at < w.now and p not in exempt and r in table:
             raise Violation(
                 "I17", f"the router gave up on {r} at {at}; {p} still holds its lease at {w.now}"
             )
