@@ -7,6 +7,11 @@ request; once one has taken ``after`` seconds it sends SIGUSR1 to every vLLM pro
 of the pair (``server_site/sitecustomize.py`` registered ``faulthandler`` for it, so
 each writes every thread's Python stack to its server's log, also from inside C code)
 and keeps those stacks, so a failed or slow conversation says where each engine was.
+
+A process that is inside the kernel in an uninterruptible wait services no signal and
+writes no Python stack (a prefill worker did so in CI). So the watchdog also keeps what
+Linux says of every thread of each process (:func:`kernel_view`): its state, the
+kernel function it waits in, its system call and its kernel stack.
 """
 
 from __future__ import annotations
@@ -23,12 +28,21 @@ from typing import Any, Protocol
 
 from _reaper import group_processes
 
-__all__ = ["STALL_S", "Watchdog", "faulthandler_lines", "innermost_frames", "vllm_processes"]
+__all__ = [
+    "STALL_S",
+    "Watchdog",
+    "faulthandler_lines",
+    "innermost_frames",
+    "kernel_view",
+    "vllm_processes",
+]
 
 #: A request this long (a tiny model's turn takes seconds) counts as a stall.
 STALL_S = 120.0
 #: At most this many lines of stacks are kept per server.
 MAX_LINES = 120
+#: At most this many frames of each thread's kernel stack are kept.
+MAX_FRAMES = 8
 
 
 class _Server(Protocol):
@@ -54,6 +68,33 @@ def vllm_processes(group: int) -> dict[int, str]:
             out[pid] = cmd.split("\0", 1)[0].strip()
         elif "vllm.entrypoints" in cmd:
             out[pid] = "API server"
+    return out
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace").strip()
+    except OSError:  # it ended meanwhile, or the kernel keeps it to itself
+        return "?"
+
+
+def kernel_view(pid: int) -> list[str]:
+    """One line per thread of ``pid`` (``tid name state wchan syscall``), then that
+    thread's kernel stack, indented: where a thread that writes no Python stack is."""
+    out = []
+    tasks = Path(f"/proc/{pid}/task")
+    try:
+        tids = sorted(tasks.iterdir(), key=lambda t: int(t.name))
+    except OSError:  # it ended meanwhile
+        return []
+    for task in tids:
+        stat = _read(task / "stat")
+        name, _, rest = stat.rpartition(")")
+        state = rest.split()[0] if rest.split() else "?"
+        comm = name.partition("(")[2]
+        syscall = _read(task / "syscall").split(" ", 1)[0]
+        out.append(f"{task.name} {comm} {state} {_read(task / 'wchan')} syscall={syscall}")
+        out += [f"    {frame}" for frame in _read(task / "stack").splitlines()[:MAX_FRAMES]]
     return out
 
 
@@ -97,11 +138,13 @@ class Watchdog:
     def dump(self, label: str) -> None:
         """Every server's stacks now, process by process (so that their writes to the
         one log do not interleave), kept in :attr:`stalls` and printed."""
-        stall: dict[str, Any] = {"request": label, "after_s": self.after}
+        stall: dict[str, Any] = {"request": label, "after_s": self.after, "kernel": {}}
         for name, s in self.servers.items():
+            procs = vllm_processes(s.proc.pid)
+            # before the signal: what each was doing, not what the handler does
+            stall["kernel"][name] = {f"{t} {pid}": kernel_view(pid) for pid, t in procs.items()}
             stall[name] = {
-                f"{title} {pid}": self._stacks(s.log, pid)
-                for pid, title in vllm_processes(s.proc.pid).items()
+                f"{title} {pid}": self._stacks(s.log, pid) for pid, title in procs.items()
             }
         with self._lock:
             self.stalls.append(stall)
@@ -110,6 +153,9 @@ class Watchdog:
             for proc, lines in stall[name].items():
                 for line in innermost_frames(lines):
                     print(f"  {name} {proc}:{line}", flush=True)
+                if not lines:  # it serviced no signal: where the kernel holds it
+                    for line in stall["kernel"][name][proc]:
+                        print(f"  {name} {proc} kernel: {line}", flush=True)
 
     @staticmethod
     def _stacks(log: Path, pid: int) -> list[str]:

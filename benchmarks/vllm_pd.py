@@ -43,7 +43,7 @@ from typing import Any
 from _common import machine, table
 from _reaper import die_with_parent, reap_group_on_exit
 from _vllm_latency import PREFILL, completion, d_leg_rounds, summarise
-from _vllm_stall import Watchdog
+from _vllm_stall import STALL_S, Watchdog
 from _vllm_traces import report_traces, validate
 from _vllm_turns import tokens, two_turns
 
@@ -345,11 +345,18 @@ def run_pair(name: str, model: Path, logs: Path, n: int, max_tokens: int) -> dic
     return rows
 
 
+#: A request that has stalled (its stacks taken at ``STALL_S``) is given up this much
+#: later: sooner than vLLM's 300 s execute-model timeout, which would end the engine
+#: anyway, so that a restart (``--restarts``) costs minutes less.
+GIVE_UP_AFTER_STALL_S = 60.0
+
+
 def watched_post(watchdog: Watchdog, label: str, port: int, body: dict[str, Any]) -> dict[str, Any]:
-    """:func:`post`, its stall timed by ``watchdog``. vLLM ends an engine whose step
-    takes 300 s, so a stalled request has failed before the timeout here."""
+    """:func:`post`, its stall timed by ``watchdog``: a request that has not been
+    answered ``GIVE_UP_AFTER_STALL_S`` after its stacks were taken fails with a timeout
+    (the stalls seen took 136 s, or never ended)."""
     with watchdog.request(f"{label} to port {port}"):
-        return post(port, body, timeout=360.0)
+        return post(port, body, timeout=STALL_S + GIVE_UP_AFTER_STALL_S)
 
 
 def run_two_turns(

@@ -88,13 +88,14 @@ def test_leaseproto_pair_two_turns_equal_one_instance(tmp_path: Path) -> None:
     there: our scheduler's get_num_new_matched_tokens fixes it). Every read is verified
     or failed, never used unverified; at least one is verified.
 
-    An engine has also stopped taking steps there for minutes (its worker inside a NIXL
-    call), until vLLM ended it and failed the request. Such a stall, and only a stall (a
-    request over the watchdog's 120 s, its stacks taken), starts the pair afresh once for
-    the same conversation; an engine that fails a request without stalling fails the
-    test. The stacks are shown as a warning."""
+    An engine has also stopped taking steps there for minutes, with no frame of ours on
+    any stack (docs/vllm.md, "Engine stalls"); two such stalls in one CI run have been
+    seen. Such a stall, and only a stall (a request over the watchdog's 120 s, its stacks
+    taken, given up 60 s later), starts the pair afresh for the same conversation, at most
+    twice; an engine that fails a request without stalling fails the test. The stacks
+    are shown as a warning."""
     res = _bench(
-        tmp_path, "--two-turn", "--conversations", "3", "--max-tokens", "60", "--restarts", "1"
+        tmp_path, "--two-turn", "--conversations", "3", "--max-tokens", "60", "--restarts", "2"
     )
     everything = res["conversations"]
     rows = [r for r in everything if "failed" not in r]

@@ -23,6 +23,7 @@ from _vllm_stall import (  # noqa: E402
     Watchdog,
     faulthandler_lines,
     innermost_frames,
+    kernel_view,
     vllm_processes,
 )
 
@@ -84,6 +85,9 @@ def test_a_stalled_request_leaves_the_stacks(server: _Server, capsys: Any) -> No
     assert list(stall["P"]) == [f"API server {server.proc.pid}"]
     assert any("stuck_in_a_step" in line for line in stall["P"][f"API server {server.proc.pid}"])
     assert server.alive()  # neither the server nor its bystander ended
+    # what the kernel said of it, taken before the signal: its one thread, named
+    kernel = stall["kernel"]["P"][f"API server {server.proc.pid}"]
+    assert kernel[0].startswith(f"{server.proc.pid} python"), kernel
     assert "stall: conversation 0 to port 1 took over 0.2 s" in capsys.readouterr().out
 
 
@@ -94,6 +98,21 @@ def test_a_request_within_the_limit_leaves_nothing(server: _Server) -> None:
     time.sleep(0.2)
     assert dog.stalls == []
     assert "stuck_in_a_step" not in server.log.read_text()
+
+
+def test_kernel_view_names_each_thread_and_its_wait(server: _Server) -> None:
+    deadline = time.monotonic() + 10.0
+    while True:  # on a loaded machine the stand-in may not be asleep yet
+        view = kernel_view(server.proc.pid)
+        if " S " in view[0] or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    heads = [line for line in view if not line.startswith(" ")]
+    assert len(heads) == 1, view  # one thread, asleep
+    tid, comm, state, _wchan, syscall = heads[0].split(" ", 4)
+    assert (tid, state) == (str(server.proc.pid), "S") and comm.startswith("python"), view
+    assert syscall.startswith("syscall="), view
+    assert kernel_view(2**22 + 1) == []  # no such process: nothing, no error
 
 
 def test_faulthandler_lines_keep_the_stacks_only() -> None:
