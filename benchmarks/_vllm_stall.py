@@ -8,10 +8,11 @@ of the pair (``server_site/sitecustomize.py`` registered ``faulthandler`` for it
 each writes every thread's Python stack to its server's log, also from inside C code)
 and keeps those stacks, so a failed or slow conversation says where each engine was.
 
-A process that is inside the kernel in an uninterruptible wait services no signal and
-writes no Python stack (a prefill worker did so in CI). So the watchdog also keeps what
-Linux says of every thread of each process (:func:`kernel_view`): its state, the
-kernel function it waits in, its system call and its kernel stack.
+A process that is inside the kernel in an uninterruptible wait, or gets no CPU, services
+no signal and writes no Python stack (a prefill worker did so in CI). So the watchdog
+also keeps what Linux says of every thread of each process (:func:`kernel_view`): its
+state, the kernel function it waits in, its system call, the CPU it last ran on, the
+CPU time it got over one second, and its kernel stack.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from _reaper import group_processes
 __all__ = [
     "STALL_S",
     "Watchdog",
+    "cpu_ticks",
     "faulthandler_lines",
     "innermost_frames",
     "kernel_view",
@@ -43,6 +45,8 @@ STALL_S = 120.0
 MAX_LINES = 120
 #: At most this many frames of each thread's kernel stack are kept.
 MAX_FRAMES = 8
+#: The CPU each thread of a stalled pair gets is measured over this long.
+KERNEL_SAMPLE_S = 1.0
 
 
 class _Server(Protocol):
@@ -78,22 +82,44 @@ def _read(path: Path) -> str:
         return "?"
 
 
-def kernel_view(pid: int) -> list[str]:
-    """One line per thread of ``pid`` (``tid name state wchan syscall``), then that
-    thread's kernel stack, indented: where a thread that writes no Python stack is."""
-    out = []
-    tasks = Path(f"/proc/{pid}/task")
+def _stat(task: Path) -> tuple[str, list[str]]:
+    """A thread's name and the fields of its ``stat`` after the name (state first)."""
+    name, _, rest = _read(task / "stat").rpartition(")")
+    return name.partition("(")[2], rest.split()
+
+
+def _tasks(pid: int) -> list[Path]:
     try:
-        tids = sorted(tasks.iterdir(), key=lambda t: int(t.name))
+        return sorted(Path(f"/proc/{pid}/task").iterdir(), key=lambda t: int(t.name))
     except OSError:  # it ended meanwhile
         return []
-    for task in tids:
-        stat = _read(task / "stat")
-        name, _, rest = stat.rpartition(")")
-        state = rest.split()[0] if rest.split() else "?"
-        comm = name.partition("(")[2]
-        syscall = _read(task / "syscall").split(" ", 1)[0]
-        out.append(f"{task.name} {comm} {state} {_read(task / 'wchan')} syscall={syscall}")
+
+
+def cpu_ticks(pid: int) -> dict[str, int]:
+    """Each thread's CPU time so far (user + system, in clock ticks), by thread id."""
+    ticks = {}
+    for task in _tasks(pid):
+        fields = _stat(task)[1]
+        if len(fields) > 12:
+            ticks[task.name] = int(fields[11]) + int(fields[12])
+    return ticks
+
+
+def kernel_view(pid: int, since: Mapping[str, int] | None = None) -> list[str]:
+    """One line per thread of ``pid`` (``tid name state wchan syscall on=CPU``, and
+    with ``since``, a :func:`cpu_ticks` taken earlier, ``cpu+N``: the ticks it ran
+    since), then that thread's kernel stack, indented: where a thread that writes no
+    Python stack is, and whether it runs at all."""
+    out = []
+    for task in _tasks(pid):
+        comm, fields = _stat(task)
+        state = fields[0] if fields else "?"
+        line = f"{task.name} {comm} {state} {_read(task / 'wchan')}"
+        line += f" syscall={_read(task / 'syscall').split(' ', 1)[0]}"
+        line += f" on={fields[36]}" if len(fields) > 36 else ""
+        if since is not None and task.name in since and len(fields) > 12:
+            line += f" cpu+{int(fields[11]) + int(fields[12]) - since[task.name]}"
+        out.append(line)
         out += [f"    {frame}" for frame in _read(task / "stack").splitlines()[:MAX_FRAMES]]
     return out
 
@@ -139,12 +165,18 @@ class Watchdog:
         """Every server's stacks now, process by process (so that their writes to the
         one log do not interleave), kept in :attr:`stalls` and printed."""
         stall: dict[str, Any] = {"request": label, "after_s": self.after, "kernel": {}}
+        procs = {name: vllm_processes(s.proc.pid) for name, s in self.servers.items()}
+        # before the signals: what each was doing, not what the handler does, and how
+        # much CPU each thread got over one second (a runnable thread that gets none
+        # waits for a CPU, one that spins gets a whole one)
+        ticks = {pid: cpu_ticks(pid) for per in procs.values() for pid in per}
+        time.sleep(KERNEL_SAMPLE_S)
         for name, s in self.servers.items():
-            procs = vllm_processes(s.proc.pid)
-            # before the signal: what each was doing, not what the handler does
-            stall["kernel"][name] = {f"{t} {pid}": kernel_view(pid) for pid, t in procs.items()}
+            stall["kernel"][name] = {
+                f"{t} {pid}": kernel_view(pid, ticks[pid]) for pid, t in procs[name].items()
+            }
             stall[name] = {
-                f"{title} {pid}": self._stacks(s.log, pid) for pid, title in procs.items()
+                f"{title} {pid}": self._stacks(s.log, pid) for pid, title in procs[name].items()
             }
         with self._lock:
             self.stalls.append(stall)

@@ -21,6 +21,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _vllm_stall import (  # noqa: E402
     Watchdog,
+    cpu_ticks,
     faulthandler_lines,
     innermost_frames,
     kernel_view,
@@ -85,9 +86,11 @@ def test_a_stalled_request_leaves_the_stacks(server: _Server, capsys: Any) -> No
     assert list(stall["P"]) == [f"API server {server.proc.pid}"]
     assert any("stuck_in_a_step" in line for line in stall["P"][f"API server {server.proc.pid}"])
     assert server.alive()  # neither the server nor its bystander ended
-    # what the kernel said of it, taken before the signal: its one thread, named
+    # what the kernel said of it, taken before the signal: its one thread, named, and
+    # the CPU it got over a second (asleep: none)
     kernel = stall["kernel"]["P"][f"API server {server.proc.pid}"]
     assert kernel[0].startswith(f"{server.proc.pid} python"), kernel
+    assert kernel[0].endswith(" cpu+0"), kernel
     assert "stall: conversation 0 to port 1 took over 0.2 s" in capsys.readouterr().out
 
 
@@ -109,9 +112,39 @@ def test_kernel_view_names_each_thread_and_its_wait(server: _Server) -> None:
         time.sleep(0.05)
     heads = [line for line in view if not line.startswith(" ")]
     assert len(heads) == 1, view  # one thread, asleep
-    tid, comm, state, _wchan, syscall = heads[0].split(" ", 4)
+    tid, comm, state, _wchan, syscall, on = heads[0].split(" ")
     assert (tid, state) == (str(server.proc.pid), "S") and comm.startswith("python"), view
-    assert syscall.startswith("syscall="), view
+    assert syscall.startswith("syscall=") and on.startswith("on="), view
+    assert int(on.removeprefix("on=")) in os.sched_getaffinity(server.proc.pid), view
+
+
+def test_kernel_view_says_how_much_cpu_each_thread_got() -> None:
+    """A thread asleep gets no CPU over a second; one that spins gets some (on a
+    loaded machine not in every second: it is sampled until it has run, 20 s at most)."""
+    ready = "import time; print('ready', flush=True)\n"
+    for code, busy in (
+        (ready + "while True:\n    pass\n", True),
+        (ready + "time.sleep(30)", False),
+    ):
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code], stdout=subprocess.PIPE, start_new_session=True
+        )
+        try:
+            assert proc.stdout is not None
+            assert proc.stdout.readline() == b"ready\n"  # the start-up is not counted
+            time.sleep(0.1)  # nor the print
+            for _ in range(20 if busy else 1):
+                before = cpu_ticks(proc.pid)
+                assert list(before) == [str(proc.pid)], before
+                time.sleep(1.0)
+                line = kernel_view(proc.pid, before)[0]
+                got = int(line.rsplit(" cpu+", 1)[1])
+                if got:
+                    break
+            assert (got > 0) if busy else (got == 0), (busy, line)
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
     assert kernel_view(2**22 + 1) == []  # no such process: nothing, no error
 
 
