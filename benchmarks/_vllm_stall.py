@@ -88,6 +88,11 @@ def _stat(task: Path) -> tuple[str, list[str]]:
     return name.partition("(")[2], rest.split()
 
 
+def _ticks(fields: list[str]) -> int | None:
+    """User + system CPU time (clock ticks) from :func:`_stat`'s fields, if there."""
+    return int(fields[11]) + int(fields[12]) if len(fields) > 12 else None
+
+
 def _tasks(pid: int) -> list[Path]:
     try:
         return sorted(Path(f"/proc/{pid}/task").iterdir(), key=lambda t: int(t.name))
@@ -99,9 +104,9 @@ def cpu_ticks(pid: int) -> dict[str, int]:
     """Each thread's CPU time so far (user + system, in clock ticks), by thread id."""
     ticks = {}
     for task in _tasks(pid):
-        fields = _stat(task)[1]
-        if len(fields) > 12:
-            ticks[task.name] = int(fields[11]) + int(fields[12])
+        n = _ticks(_stat(task)[1])
+        if n is not None:
+            ticks[task.name] = n
     return ticks
 
 
@@ -117,8 +122,9 @@ def kernel_view(pid: int, since: Mapping[str, int] | None = None) -> list[str]:
         line = f"{task.name} {comm} {state} {_read(task / 'wchan')}"
         line += f" syscall={_read(task / 'syscall').split(' ', 1)[0]}"
         line += f" on={fields[36]}" if len(fields) > 36 else ""
-        if since is not None and task.name in since and len(fields) > 12:
-            line += f" cpu+{int(fields[11]) + int(fields[12]) - since[task.name]}"
+        n = _ticks(fields)
+        if since is not None and task.name in since and n is not None:
+            line += f" cpu+{n - since[task.name]}"
         out.append(line)
         out += [f"    {frame}" for frame in _read(task / "stack").splitlines()[:MAX_FRAMES]]
     return out
