@@ -121,7 +121,8 @@ def test_kernel_view_names_each_thread_and_its_wait(server: _Server) -> None:
 def test_kernel_view_says_how_much_cpu_each_thread_got() -> None:
     """A thread asleep gets no CPU over a second; one that spins gets some (on a
     loaded machine not in every second: it is sampled until it has run, 20 s at most)."""
-    ready = "import time; print('ready', flush=True)\n"
+    # each dies with the test, also when the run is killed (parent-death signal)
+    ready = "import ctypes, time; ctypes.CDLL(None).prctl(1, 9); print('ready', flush=True)\n"
     for code, busy in (
         (ready + "while True:\n    pass\n", True),
         (ready + "time.sleep(30)", False),
