@@ -17,7 +17,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["PREFILL", "completion", "d_leg_rounds", "summarise"]
+from leaseproto.integrations.vllm.verify import DEFAULT_VERDICT_WAIT
+
+__all__ = ["PREFILL", "completion", "d_leg_rounds", "summarise", "verdict_table"]
 
 Post = Callable[[int, dict[str, Any]], dict[str, Any]]
 
@@ -105,3 +107,46 @@ def summarise(res: dict[str, Any], base: str, blocks: int = 5) -> dict[str, Any]
         same = sum(a == b for a, b in zip(res["tokens"][name], res["tokens"][base], strict=True))
         out["pairs"][name]["same_first_token"] = f"{same}/{n}"
     return out
+
+
+def verdict_table(
+    res: dict[str, Any], verdict_wait: float | None
+) -> tuple[tuple[str, ...], list[tuple[Any, ...]]]:
+    """One row for our pair: what its ``verdict_wait`` did (D's counters) and the
+    verdict path's medians from check-trace, beside D's leg against stock."""
+    header = (
+        "verdict_wait",
+        "load",
+        "vs stock (median)",
+        "per-slice ratios",
+        "waits (missed)",
+        "OK sent to D's poll, median ms",
+        "READ to use, median ms",
+        "READ to P's poll, median ms",
+        "verdict timeouts",
+    )
+    ours = res["pairs"]["leaseproto"]
+    counters = res["d_counters"]
+    paths = (res.get("trace") or {}).get("verdicts") or {}
+
+    def ms(key: str) -> str:
+        got = paths.get(key) or {}
+        return "-" if got.get("median") is None else f"{1e3 * got['median']:.1f}"
+
+    waits = counters.get("vllm:leaseproto_verdict_waits", 0.0)
+    missed = counters.get("vllm:leaseproto_verdict_waits_missed", 0.0)
+    wait = (
+        f"{DEFAULT_VERDICT_WAIT:g} s (default)" if verdict_wait is None else f"{verdict_wait:g} s"
+    )
+    row = (
+        wait,
+        f"{min(res['load']):.1f}-{max(res['load']):.1f}",
+        f"{ours['ratio']:.2f}x",
+        f"{min(ours['ratio_slices']):.2f}-{max(ours['ratio_slices']):.2f}",
+        f"{waits:.0f} ({missed:.0f})",
+        ms("to_d_poll"),
+        ms("read_to_use"),
+        ms("to_p_poll"),
+        f"{counters.get('vllm:leaseproto_reads_verdict_timeout', 0.0):.0f}",
+    )
+    return header, [row]

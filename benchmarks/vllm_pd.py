@@ -42,7 +42,7 @@ from typing import Any
 
 from _common import machine, table
 from _reaper import die_with_parent, reap_group_on_exit
-from _vllm_latency import PREFILL, completion, d_leg_rounds, summarise
+from _vllm_latency import PREFILL, completion, d_leg_rounds, summarise, verdict_table
 from _vllm_stall import STALL_S, Watchdog
 from _vllm_traces import report_traces, validate
 from _vllm_turns import tokens, two_turns
@@ -224,7 +224,14 @@ SHAPE = {"kv_producer": ("0", 8, 32), "kv_consumer": ("1", 2, 256)}
 
 
 def server(
-    model: Path, role: str, connector: str, log: Path, traces: Path, *, bidirectional: bool = False
+    model: Path,
+    role: str,
+    connector: str,
+    log: Path,
+    traces: Path,
+    *,
+    bidirectional: bool = False,
+    more: dict[str, Any] | None = None,
 ) -> Server:
     cpu, seqs, blocks = SHAPE[role]
     return Server(
@@ -237,6 +244,7 @@ def server(
         blocks=blocks,
         traces=traces,
         bidirectional=bidirectional,
+        more=more,
     )
 
 
@@ -426,8 +434,11 @@ def run_two_turns(
     return {"conversations": rows, "starts": started, "trace": validate(traces)}
 
 
-def run_latency(model: Path, logs: Path, rounds: int) -> dict[str, Any]:
-    """D's leg on the stock pair and ours, interleaved (:mod:`_vllm_latency`)."""
+def run_latency(
+    model: Path, logs: Path, rounds: int, verdict_wait: float | None = None
+) -> dict[str, Any]:
+    """D's leg on the stock pair and ours, interleaved (:mod:`_vllm_latency`);
+    ``verdict_wait`` is our D's setting (None: its default)."""
     names = ("stock", "leaseproto")
     servers: dict[str, tuple[Server, Server]] = {}
     traces = logs / "latency-traces"
@@ -435,9 +446,11 @@ def run_latency(model: Path, logs: Path, rounds: int) -> dict[str, Any]:
         for name in names:
             p_conn, d_conn = PAIRS[name]
             tag = f"latency-{name}"
+            ours = name == "leaseproto" and verdict_wait is not None
+            more = {"verdict_wait": verdict_wait} if ours else None
             servers[name] = (
                 server(model, "kv_producer", p_conn, logs / f"{tag}-P.log", traces),
-                server(model, "kv_consumer", d_conn, logs / f"{tag}-D.log", traces),
+                server(model, "kv_consumer", d_conn, logs / f"{tag}-D.log", traces, more=more),
             )
         for p, d in servers.values():
             p.wait_up()
@@ -565,15 +578,21 @@ def main() -> None:
         help="only D's leg (READ + first token), stock and ours interleaved",
     )
     ap.add_argument("--rounds", type=int, default=60, help="requests per pair for --latency")
+    ap.add_argument(
+        "--verdict-wait",
+        type=float,
+        help="--latency: our D's verdict_wait in seconds (default: the connector's; 0: no wait)",
+    )
     args = ap.parse_args()
     die_with_parent()  # and each server with this process (_reaper)
     if args.latency:
         work = args.workdir or Path(tempfile.mkdtemp(prefix="vllm_pd-"))
         model = build_tiny_model(work / "tiny-qwen3")
-        res = run_latency(model, work, args.rounds)
+        res = run_latency(model, work, args.rounds, args.verdict_wait)
         load = res["load"]
         print(f"kv_lease_duration {LEASE} s; load {min(load):.1f}-{max(load):.1f}; {machine()}")
         print(table(*latency_table(res)))
+        print(table(*verdict_table(res, args.verdict_wait)))
         print("leaseproto D counters:", res["d_counters"])
         if res["trace"] is not None:
             print("verdicts:", res["trace"].get("verdicts"))

@@ -3,6 +3,7 @@ each checked on both (same calls, same virtual clock). Needs vLLM."""
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 from typing import Any
 from unittest.mock import MagicMock
@@ -260,6 +261,66 @@ def test_verified_read_reported_after_ok(clock: dict[str, float]) -> None:
     assert d._get_new_notifs() == set()
     assert d._pop_done_transfers({}) == ({"d1"}, set())
     assert worker_stat(d, "lp_reads_verified") == 1
+
+
+def test_verdict_polled_in_the_step_that_sees_the_read_complete(clock: dict[str, float]) -> None:
+    """P answers while D's step waits (up to verdict_wait): the READ is reported in
+    that step, as stock vLLM reports an unverified one, not in D's next step."""
+    p, d = _pair(clock)
+    d.nixl_wrapper.sent.clear()
+    p.nixl_wrapper.deliver("d-agent", b"p1:1")  # the READ's transfer-done
+    assert p._get_new_notifs() == {"p1"}
+    _carry(p, d, "p-agent")  # P's OK is on its way: D's step sees it while it waits
+    assert d._pop_done_transfers(d._recving_transfers) == ({"d1"}, set())
+    assert worker_stat(d, "lp_reads_verified") == 1
+    assert worker_stat(d, "lp_verdict_waits") == 1
+    assert worker_stat(d, "lp_verdict_waits_missed") == 0
+
+
+def test_verdict_wait_is_bounded_and_backs_off(clock: dict[str, float]) -> None:
+    _, d = _pair(clock)
+    t0 = time.monotonic()
+    assert d._pop_done_transfers(d._recving_transfers) == (set(), set())  # no OK: held
+    assert time.monotonic() - t0 < 1.0  # waited verdict_wait (10 ms), not the bound
+    assert worker_stat(d, "lp_verdict_waits_missed") == 1
+    d._verifier().expect("d2", "p2", "p-agent", now=clock["t"])
+    d._recving_transfers = {"d2": [8]}
+    assert d._pop_done_transfers(d._recving_transfers) == (set(), set())
+    assert worker_stat(d, "lp_verdict_waits") == 1  # that P missed: no wait
+    clock["t"] += d._leases().config.heartbeat_interval
+    d._verifier().expect("d3", "p3", "p-agent", now=clock["t"])
+    d._recving_transfers = {"d3": [9]}
+    d._pop_done_transfers(d._recving_transfers)
+    assert worker_stat(d, "lp_verdict_waits") == 2  # tried again an interval later
+
+
+def test_no_verdict_wait_when_set_to_zero(clock: dict[str, float]) -> None:
+    d = make_worker(True, extra={"verdict_wait": 0}, agents={"P0": {(0, 0): "p-agent"}})
+    d._verifier().expect("d1", "p1", "p-agent", now=clock["t"])
+    d.nixl_wrapper.deliver("p-agent", b"OK:p1")  # there to be read, but nothing polls it
+    assert d._pop_done_transfers({"d1": [7]}) == (set(), set())
+    assert worker_stat(d, "lp_verdict_waits") == 0
+    d._get_new_notifs()  # the next step's poll
+    assert d._pop_done_transfers({}) == ({"d1"}, set())
+
+
+def test_a_wait_keeps_what_it_polled_for_the_step_after(clock: dict[str, float]) -> None:
+    """D is also a grantor (bidirectional mode): a transfer-done for its own lease
+    that the wait's poll handles is reported by the next step's poll."""
+    _, d = _pair(clock)
+    d._reqs_to_process.add("t1")
+    d._reqs_to_send["t1"] = clock["t"] + 12
+    d.nixl_wrapper.deliver("p-agent", b"t1:1")  # P read D's turn while D waits
+    assert d._pop_done_transfers(d._recving_transfers) == (set(), set())
+    assert d._get_new_notifs() == {"t1"}
+    assert d._get_new_notifs() == set()
+
+
+@pytest.mark.parametrize("value", [-1, 20, "soon"])
+def test_a_bad_verdict_wait_stops_start_up(value: object) -> None:
+    d = make_worker(True, extra={"verdict_wait": value})
+    with pytest.raises(ValueError, match="verdict_wait"):
+        d._verdict_waits()
 
 
 def test_read_of_an_expired_lease_fails_and_recomputes(clock: dict[str, float]) -> None:

@@ -7,10 +7,14 @@ import pytest
 
 from leaseproto import wire
 from leaseproto.integrations.vllm.verify import (
+    DEFAULT_VERDICT_WAIT,
     HELLO_PREFIX,
+    VERDICT_WAIT_KEY,
     ReadVerifier,
+    VerdictWaits,
     decode_hello,
     encode_hello,
+    verdict_wait,
 )
 
 
@@ -133,3 +137,46 @@ def test_hello_is_never_a_vllm_message() -> None:
     assert decode_hello(b"HB:a,b") is None and decode_hello(b"req:1") is None
     with pytest.raises(wire.MalformedMessage):
         wire.decode(encode_hello(b"meta:1"))  # no valid id contains ','
+
+
+def test_awaiting_names_the_agents_a_finished_read_still_needs() -> None:
+    v = ReadVerifier(bound=5.0)
+    v.expect("d1", "p1", "a", now=0.0)
+    v.expect("d1", "p1", "b", now=0.0)
+    v.expect("d2", "p2", "a", now=0.0)
+    assert v.awaiting({"d1", "d2"}) == set()  # neither READ has completed
+    v.settle({"d1", "d2"}, set(), now=1.0)
+    assert v.awaiting({"d1"}) == {"a", "b"}
+    v.on_message(wire.Ok("p1"), "a")
+    assert v.awaiting({"d1"}) == {"b"} and v.awaiting({"d2"}) == {"a"}
+    v.on_message(wire.Nack("p2", "expired"), "a")
+    assert v.awaiting({"d2"}) == set()  # refused: nothing more to wait for
+    assert v.awaiting({"nobody"}) == set()
+
+
+def test_verdict_waits_back_off_from_an_agent_that_missed() -> None:
+    w = VerdictWaits(wait=0.01, retry_after=5.0)
+    assert w.worth({"a", "b"}, now=0.0)
+    w.ended({"a", "b"}, {"a"}, now=0.0)  # b answered in time, a did not
+    assert not w.worth({"a"}, now=4.9) and not w.worth({"a", "b"}, now=4.9)
+    assert w.worth({"b"}, now=4.9)
+    assert w.worth({"a"}, now=5.0)  # retried once retry_after has passed
+    w.ended({"a"}, set(), now=5.0)  # answered this time
+    assert w.worth({"a"}, now=5.0)
+    w.ended({"c"}, {"c"}, now=6.0)
+    w.ended({"d"}, {"d"}, now=20.0)
+    assert set(w._missed) == {"d"}  # a miss older than retry_after is not kept
+    assert not VerdictWaits(wait=0.0, retry_after=5.0).worth({"a"}, now=0.0)
+
+
+@pytest.mark.parametrize("value", [-0.001, 8.0, 9, float("nan"), float("inf"), True, "0.01", None])
+def test_a_bad_verdict_wait_is_refused(value: object) -> None:
+    with pytest.raises(ValueError, match=VERDICT_WAIT_KEY):
+        verdict_wait({VERDICT_WAIT_KEY: value}, 8.0)
+
+
+def test_verdict_wait_default_and_setting() -> None:
+    assert verdict_wait(None, 8.0) == verdict_wait({}, 8.0) == DEFAULT_VERDICT_WAIT
+    assert verdict_wait({"kv_lease_duration": 12}, 8.0) == DEFAULT_VERDICT_WAIT
+    assert verdict_wait({VERDICT_WAIT_KEY: 0}, 8.0) == 0.0
+    assert verdict_wait({VERDICT_WAIT_KEY: 0.05}, 8.0) == 0.05

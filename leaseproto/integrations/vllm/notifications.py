@@ -84,7 +84,8 @@ class NotificationHandling:
 
     # -- every notification -----------------------------------------------------------------
     def _get_new_notifs(self) -> set[str]:
-        done: set[str] = set()
+        # requests found done sending by a poll of a step's verdict wait come first
+        done: set[str] = self.__dict__.pop("_lp_done_carry", None) or set()
         for agent, notifs in self.nixl_wrapper.get_new_notifs().items():
             for raw in notifs:
                 self._on_notification(agent, raw, done)

@@ -70,6 +70,15 @@ COUNTERS: dict[str, tuple[str, str]] = {
         "vllm:leaseproto_reads_refused",
         "READs D failed on P's NK (recomputed by kv_load_failure_policy).",
     ),
+    "lp_verdict_waits": (
+        "vllm:leaseproto_verdict_waits",
+        "D engine steps that waited (up to verdict_wait) for the verdicts of READs they saw "
+        "complete.",
+    ),
+    "lp_verdict_waits_missed": (
+        "vllm:leaseproto_verdict_waits_missed",
+        "Verdict waits that ended with a verdict still missing (the READ is reported later).",
+    ),
     "lp_reads_verdict_timeout": (
         "vllm:leaseproto_reads_verdict_timeout",
         "READs D failed for want of a verdict within the bound.",

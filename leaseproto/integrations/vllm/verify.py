@@ -20,23 +20,93 @@ is only ever sent to a P that advertised.
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from leaseproto import wire
 
 __all__ = [
+    "DEFAULT_VERDICT_WAIT",
     "HELLO_PREFIX",
+    "VERDICT_WAIT_KEY",
     "ReadVerifier",
     "Settled",
+    "VerdictWaits",
     "VerifierStats",
     "agent_name",
     "decode_hello",
     "encode_hello",
+    "verdict_wait",
 ]
 
 #: D -> P: "I understand leaseproto/1; here is my NIXL agent metadata".
 HELLO_PREFIX = (wire.CAPABILITY + ",hello,").encode()
+
+#: ``kv_connector_extra_config`` key: the most seconds one of D's engine steps waits,
+#: in the step that sees READs complete, for their verdicts (0: never wait).
+VERDICT_WAIT_KEY = "verdict_wait"
+#: Its default: a few of an idle P's engine steps on a CPU.
+DEFAULT_VERDICT_WAIT = 0.010
+
+
+def verdict_wait(extra: Mapping[str, Any] | None, bound: float) -> float:
+    """``extra[VERDICT_WAIT_KEY]`` (default :data:`DEFAULT_VERDICT_WAIT`), checked.
+
+    Raises:
+        ValueError: not a finite number of seconds, or negative, or not below the
+            verdict bound ``bound`` (past it the READ has failed anyway).
+    """
+    value = DEFAULT_VERDICT_WAIT if not extra else extra.get(VERDICT_WAIT_KEY, DEFAULT_VERDICT_WAIT)
+    ok = (
+        not isinstance(value, bool)
+        and isinstance(value, (int, float))
+        and math.isfinite(value)
+        and 0 <= value < bound
+    )
+    if not ok:
+        raise ValueError(
+            f"{VERDICT_WAIT_KEY}={value!r} must be a number of seconds, at least 0 and below "
+            f"the verdict bound (lease_extension = {bound:g} s)"
+        )
+    return float(value)
+
+
+@dataclass
+class VerdictWaits:
+    """When D's step waits for the verdicts of the READs it saw complete.
+
+    P answers a transfer-done in the step that polls it, so with P's engine
+    stepping the verdict usually follows the READ by one of P's steps. Waiting up
+    to ``wait`` for it in the step that saw the READ complete reports the READ
+    in that step, as stock vLLM does, instead of in D's next one. A P whose steps
+    are longer than that (busy prefilling) would make every such step wait in
+    vain: an agent whose verdict a wait missed is waited for again only
+    ``retry_after`` seconds later, so it costs D at most one wait per
+    ``retry_after``."""
+
+    wait: float
+    retry_after: float
+    #: agent -> when a wait last ended without its verdict
+    _missed: dict[str, float] = field(default_factory=dict)
+
+    def worth(self, agents: Iterable[str], *, now: float) -> bool:
+        """Whether to wait for verdicts from ``agents``."""
+        if self.wait <= 0:
+            return False
+        missed, after = self._missed, self.retry_after
+        return all(now - missed.get(a, -math.inf) >= after for a in agents)
+
+    def ended(self, asked: Iterable[str], missing: Iterable[str], *, now: float) -> None:
+        """A wait for ``asked`` ended with the verdicts of ``missing`` still missing."""
+        missing = set(missing)
+        after = self.retry_after
+        # only misses within retry_after matter: the map holds no agent that left
+        kept = {a: t for a, t in self._missed.items() if now - t < after and a not in asked}
+        kept.update((a, now) for a in missing)
+        self._missed = kept
 
 
 def agent_name(name: str | bytes) -> str:
@@ -216,6 +286,17 @@ class ReadVerifier:
     def held(self) -> list[str]:
         """Local ids of finished READs waiting for a verdict."""
         return [k for k, r in self._reads.items() if r.completed_at is not None]
+
+    def awaiting(self, local_ids: Iterable[str]) -> set[str]:
+        """The agents whose OK the finished, unrefused READs among ``local_ids``
+        still wait for (an NK settles a READ: nothing more to wait for)."""
+        out: set[str] = set()
+        reads = self._reads
+        for local in local_ids:
+            read = reads.get(local)
+            if read is not None and read.completed_at is not None and not read.refused:
+                out |= read.due
+        return out
 
     def missing(self, local_id: str) -> set[str]:
         """The agents whose OK the READ of ``local_id`` still waits for."""

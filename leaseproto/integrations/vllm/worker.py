@@ -11,7 +11,10 @@ after the lease ended is the core's :class:`~leaseproto.LateTransfer`.
 D: heartbeats as :class:`~.worker_base.LeaseWorker` sends them. Each READ vLLM
 posts to an advertised P rank (:meth:`_read_blocks`, once per rank read) is
 expected by the :class:`~.verify.ReadVerifier`, which reports it only after
-``OK:`` from every one of those agents.
+``OK:`` from every one of those agents. In the step that sees READs complete,
+D waits up to ``verdict_wait`` for their verdicts (:class:`~.verify.VerdictWaits`),
+so that with P answering promptly the READ is reported in that step, as stock
+vLLM reports it, and the verdict costs no extra engine step.
 
 What each notification does (both sides) is in :mod:`.notifications`; what
 the push worker shares with this one, in :mod:`.worker_base`.
@@ -20,6 +23,7 @@ the push worker shares with this one, in :mod:`.worker_base`.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.metadata import NixlConnectorMetadata
@@ -33,12 +37,16 @@ from .notifications import NotificationHandling
 from .sealing import key_problem
 from .trace import TracedNixl
 from .tracking import AUTH_ATTR, VERIFY_ATTR
-from .verify import ReadVerifier, agent_name
-from .worker_base import LeaseWorker
+from .verify import ReadVerifier, VerdictWaits, agent_name, verdict_wait
+from .worker_base import LeaseWorker, extra_of
 
 __all__ = ["LeaseprotoConnectorWorker"]
 
 logger = logging.getLogger("vllm.leaseproto.worker")
+
+#: How often a step that waits for verdicts polls NIXL's notifications (seconds);
+#: it sleeps in between, leaving the CPU to P (which may share it).
+VERDICT_POLL_S = 0.0002
 
 
 class LeaseprotoConnectorWorker(NotificationHandling, LeaseWorker, NixlPullConnectorWorker):  # type: ignore[misc]
@@ -46,6 +54,7 @@ class LeaseprotoConnectorWorker(NotificationHandling, LeaseWorker, NixlPullConne
 
     def __init__(self, vllm_config: Any, engine_id: str, kv_cache_config: Any) -> None:
         config = self._lp_before_init(vllm_config, engine_id, "LeaseprotoConnector")
+        self._verdict_waits()  # a bad verdict_wait stops the engine before NIXL starts
         super().__init__(vllm_config, engine_id, kv_cache_config)
         role = getattr(getattr(vllm_config, "kv_transfer_config", None), "kv_role", None)
         self._lp_after_init(
@@ -63,6 +72,14 @@ class LeaseprotoConnectorWorker(NotificationHandling, LeaseWorker, NixlPullConne
             stale = max(10 * cfg.kv_lease_duration, cfg.max_lease_lifetime or 0.0)
             v = self.__dict__["_lp_verifier"] = ReadVerifier(cfg.lease_extension, stale)
         return v
+
+    def _verdict_waits(self) -> VerdictWaits:
+        w: VerdictWaits | None = self.__dict__.get("_lp_waits")
+        if w is None:
+            cfg = self._leases().config
+            wait = verdict_wait(extra_of(self), cfg.lease_extension)
+            w = self.__dict__["_lp_waits"] = VerdictWaits(wait, cfg.heartbeat_interval)
+        return w
 
     # -- D: verified reads (I13) ------------------------------------------------------------
     def start_load_kv(self, metadata: NixlConnectorMetadata) -> None:
@@ -150,7 +167,13 @@ class LeaseprotoConnectorWorker(NotificationHandling, LeaseWorker, NixlPullConne
         done, failed = super()._pop_done_transfers(transfers)
         verifier = self._verifier()
         before = (verifier.stats.refused, verifier.stats.timed_out, verifier.stats.verified)
+        finished = done - failed
         done, failed = verifier.settle(done, failed, now=self._leases().now())
+        held = finished - done  # READs that completed now and wait for verdicts
+        if held:
+            more_done, more_failed = self._await_verdicts(held)
+            done |= more_done
+            failed |= more_failed
         for settled in verifier.take_settled():
             self._read_settled(settled)
         for agent in verifier.take_silent():  # P may have forgotten us: greet again
@@ -165,3 +188,28 @@ class LeaseprotoConnectorWorker(NotificationHandling, LeaseWorker, NixlPullConne
             )
         self._stat("lp_reads_verified", after[2] - before[2])
         return done, failed
+
+    def _await_verdicts(self, held: set[str]) -> tuple[set[str], set[str]]:
+        """Poll for the verdicts of ``held`` (READs this step saw complete) for up
+        to ``verdict_wait``; returns what :meth:`ReadVerifier.settle` then reports.
+
+        Each poll handles every notification, as the step's own poll does; the
+        requests it finds done sending (this engine as a grantor) are reported
+        by the next step's poll (:meth:`_get_new_notifs` returns them first)."""
+        verifier, waits, lp = self._verifier(), self._verdict_waits(), self._leases()
+        asked = verifier.awaiting(held)
+        if not asked or not waits.worth(asked, now=lp.now()):
+            return set(), set()
+        self._stat("lp_verdict_waits")
+        end = time.monotonic() + waits.wait
+        while True:
+            self.__dict__["_lp_done_carry"] = self._get_new_notifs()
+            missing = verifier.awaiting(held)
+            if not missing or time.monotonic() >= end:
+                break
+            time.sleep(VERDICT_POLL_S)
+        now = lp.now()
+        waits.ended(asked, missing, now=now)
+        if missing:
+            self._stat("lp_verdict_waits_missed")
+        return verifier.settle(set(), set(), now=now)
