@@ -316,6 +316,33 @@ def test_a_wait_keeps_what_it_polled_for_the_step_after(clock: dict[str, float])
     assert d._get_new_notifs() == set()
 
 
+def test_a_poll_that_fails_during_the_wait_loses_nothing(
+    clock: dict[str, float], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NIXL raising in a wait's poll ends the wait; the READ stays held and what an
+    earlier poll carried is still reported."""
+    _, d = _pair(clock)
+    d._reqs_to_process.add("t1")
+    d._reqs_to_send["t1"] = clock["t"] + 12
+    d.nixl_wrapper.deliver("p-agent", b"t1:1")
+    real = d.nixl_wrapper.get_new_notifs
+    polls = {"n": 0}
+
+    def flaky() -> dict[str, list[bytes]]:
+        polls["n"] += 1
+        if polls["n"] > 1:
+            raise RuntimeError("NIXL_ERR_BACKEND")
+        return real()
+
+    monkeypatch.setattr(d.nixl_wrapper, "get_new_notifs", flaky)
+    assert d._pop_done_transfers(d._recving_transfers) == (set(), set())  # held, no raise
+    assert worker_stat(d, "lp_verdict_waits_missed") == 1
+    monkeypatch.setattr(d.nixl_wrapper, "get_new_notifs", real)
+    d.nixl_wrapper.deliver("p-agent", b"OK:p1")
+    assert d._get_new_notifs() == {"t1"}  # carried from the first poll
+    assert d._pop_done_transfers({}) == ({"d1"}, set())
+
+
 @pytest.mark.parametrize("value", [-1, 20, "soon"])
 def test_a_bad_verdict_wait_stops_start_up(value: object) -> None:
     d = make_worker(True, extra={"verdict_wait": value})

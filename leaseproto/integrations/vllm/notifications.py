@@ -84,9 +84,11 @@ class NotificationHandling:
 
     # -- every notification -----------------------------------------------------------------
     def _get_new_notifs(self) -> set[str]:
-        # requests found done sending by a poll of a step's verdict wait come first
+        got = self.nixl_wrapper.get_new_notifs()
+        # requests found done sending by a poll of a step's verdict wait come first (taken
+        # once NIXL answered: a poll that raises keeps them for the next)
         done: set[str] = self.__dict__.pop("_lp_done_carry", None) or set()
-        for agent, notifs in self.nixl_wrapper.get_new_notifs().items():
+        for agent, notifs in got.items():
             for raw in notifs:
                 self._on_notification(agent, raw, done)
         return done

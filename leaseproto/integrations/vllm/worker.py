@@ -203,7 +203,12 @@ class LeaseprotoConnectorWorker(NotificationHandling, LeaseWorker, NixlPullConne
         self._stat("lp_verdict_waits")
         end = time.monotonic() + waits.wait
         while True:
-            self.__dict__["_lp_done_carry"] = self._get_new_notifs()
+            try:
+                self.__dict__["_lp_done_carry"] = self._get_new_notifs()
+            except Exception as exc:  # the READs this step popped must still be reported
+                self._drops().drop("notification poll failed during a verdict wait", repr(exc))
+                missing = verifier.awaiting(held)
+                break
             missing = verifier.awaiting(held)
             if not missing or time.monotonic() >= end:
                 break
