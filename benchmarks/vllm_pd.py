@@ -435,10 +435,15 @@ def run_two_turns(
 
 
 def run_latency(
-    model: Path, logs: Path, rounds: int, verdict_wait: float | None = None
+    model: Path,
+    logs: Path,
+    rounds: int,
+    verdict_wait: float | None = None,
+    lease: int = LEASE,
 ) -> dict[str, Any]:
     """D's leg on the stock pair and ours, interleaved (:mod:`_vllm_latency`);
-    ``verdict_wait`` is our D's setting (None: its default)."""
+    ``verdict_wait`` is our D's setting (None: its default), ``lease`` every
+    engine's ``kv_lease_duration``."""
     names = ("stock", "leaseproto")
     servers: dict[str, tuple[Server, Server]] = {}
     traces = logs / "latency-traces"
@@ -447,9 +452,11 @@ def run_latency(
             p_conn, d_conn = PAIRS[name]
             tag = f"latency-{name}"
             ours = name == "leaseproto" and verdict_wait is not None
-            more = {"verdict_wait": verdict_wait} if ours else None
+            more: dict[str, Any] = {"kv_lease_duration": lease}
+            if ours:
+                more["verdict_wait"] = verdict_wait
             servers[name] = (
-                server(model, "kv_producer", p_conn, logs / f"{tag}-P.log", traces),
+                server(model, "kv_producer", p_conn, logs / f"{tag}-P.log", traces, more=more),
                 server(model, "kv_consumer", d_conn, logs / f"{tag}-D.log", traces, more=more),
             )
         for p, d in servers.values():
@@ -583,14 +590,22 @@ def main() -> None:
         type=float,
         help="--latency: our D's verdict_wait in seconds (default: the connector's; 0: no wait)",
     )
+    ap.add_argument(
+        "--lease",
+        type=int,
+        default=LEASE,
+        help=f"--latency: every engine's kv_lease_duration in s (default {LEASE}; at least 6)",
+    )
     args = ap.parse_args()
     die_with_parent()  # and each server with this process (_reaper)
     if args.latency:
         work = args.workdir or Path(tempfile.mkdtemp(prefix="vllm_pd-"))
         model = build_tiny_model(work / "tiny-qwen3")
-        res = run_latency(model, work, args.rounds, args.verdict_wait)
+        res = run_latency(model, work, args.rounds, args.verdict_wait, args.lease)
         load = res["load"]
-        print(f"kv_lease_duration {LEASE} s; load {min(load):.1f}-{max(load):.1f}; {machine()}")
+        print(
+            f"kv_lease_duration {args.lease} s; load {min(load):.1f}-{max(load):.1f}; {machine()}"
+        )
         print(table(*latency_table(res)))
         print(table(*verdict_table(res, args.verdict_wait)))
         print("leaseproto D counters:", res["d_counters"])
