@@ -452,12 +452,11 @@ def run_latency(
             p_conn, d_conn = PAIRS[name]
             tag = f"latency-{name}"
             ours = name == "leaseproto" and verdict_wait is not None
-            more: dict[str, Any] = {"kv_lease_duration": lease}
-            if ours:
-                more["verdict_wait"] = verdict_wait
+            p_more: dict[str, Any] = {"kv_lease_duration": lease}
+            d_more = {**p_more, "verdict_wait": verdict_wait} if ours else p_more
             servers[name] = (
-                server(model, "kv_producer", p_conn, logs / f"{tag}-P.log", traces, more=more),
-                server(model, "kv_consumer", d_conn, logs / f"{tag}-D.log", traces, more=more),
+                server(model, "kv_producer", p_conn, logs / f"{tag}-P.log", traces, more=p_more),
+                server(model, "kv_consumer", d_conn, logs / f"{tag}-D.log", traces, more=d_more),
             )
         for p, d in servers.values():
             p.wait_up()
@@ -597,6 +596,8 @@ def main() -> None:
         help=f"--latency: every engine's kv_lease_duration in s (default {LEASE}; at least 6)",
     )
     args = ap.parse_args()
+    if args.lease < 6:  # vLLM's heartbeat interval would be 0 (our engines refuse it: rule V1)
+        ap.error(f"--lease must be at least 6, got {args.lease}")
     die_with_parent()  # and each server with this process (_reaper)
     if args.latency:
         work = args.workdir or Path(tempfile.mkdtemp(prefix="vllm_pd-"))
