@@ -47,13 +47,6 @@ class _Requests(dict[str, int]):
         self.engine = engine
 
 
-class _Ids(list[str]):
-    """An engine's remote ids as :meth:`HeartbeatTracker.due` returns them: each once
-    (:meth:`HeartbeatTracker.payloads` then drops no repeats). A plain list otherwise."""
-
-    __slots__ = ()
-
-
 @dataclass(frozen=True, slots=True)
 class TrackerStats:
     """Counters of a :class:`HeartbeatTracker` since it was made."""
@@ -93,6 +86,11 @@ class HeartbeatTracker:
         # engines that never had a heartbeat, in tracking order
         self._unsent: dict[str, None] = {}
         self._next_order = 0
+        # the lists the last due() that named an engine returned, by id(): each names
+        # an id once, so payloads() skips the repeat check for them. Plain lists:
+        # str.join copies a list subclass before joining (a subclass made the 10-id
+        # payload 1.6x slower)
+        self._handed: dict[int, list[str]] = {}
         # the earliest ``now`` at which some engine can be due, derived from
         # the rule (see _threshold); -inf while some engine never had a
         # heartbeat (or is pending), +inf with no engine
@@ -252,16 +250,20 @@ class HeartbeatTracker:
         if len(due) > 1:
             due.sort(key=self._order.__getitem__)
         out: dict[str, list[str]] = {}
+        handed: dict[int, list[str]] = {}
         for engine in due:
             if engine in pending:
                 self._c["deferred"] += 1
                 continue
-            out[engine] = _Ids(by_engine[engine])  # its remote ids, each once
+            ids = out[engine] = list(by_engine[engine])  # its remote ids, each once
+            handed[id(ids)] = ids
             if engine in unsent:
                 del unsent[engine]
             else:
                 del lasts[engine]  # re-inserted at the end: the newest
             lasts[engine] = now
+        if handed:
+            self._handed = handed
         self._c["heartbeats"] += len(out)
         self._c["heartbeat_ids"] += sum(len(v) for v in out.values())
         self._next_at = self._threshold()
@@ -282,8 +284,11 @@ class HeartbeatTracker:
         byte (default ``config.max_notification_bytes``), without its per-id
         checks: :meth:`track` checked each id (``check_wire_id``), so what is
         left is one join and the cuts at the last ``,`` that fits, and dropping
-        repeats from a list that :meth:`due` did not return (its lists name each
-        id once). ``tests/test_hot_paths.py`` compares the two on random ids.
+        repeats from a list that the last :meth:`due` naming an engine did not
+        return (its lists name each id once; it knows them by identity, so a repeat
+        a caller adds to one is sent twice). ``tests/test_hot_paths.py``
+        compares the two on random ids, and ``leaseproto prove`` (L16) on due()'s
+        own lists and on copies of them.
 
         Raises:
             ValueError: as ``encode_heartbeat`` does (``max_bytes`` leaves no
@@ -291,7 +296,9 @@ class HeartbeatTracker:
         """
         max_bytes = self.config.max_notification_bytes if max_bytes is None else max_bytes
         room = max_bytes - _HB_LEN
-        if type(ids) is not _Ids and len(set(ids)) != len(ids):  # due()'s have no repeats
+        # due()'s lists have no repeats (they are held in _handed, so no other object
+        # can have their id)
+        if id(ids) not in self._handed and len(set(ids)) != len(ids):
             ids = list(dict.fromkeys(ids))  # repeats are sent once, where first named
         if not ids or room < 1:
             return wire.encode_heartbeat(ids, max_bytes=max_bytes)  # [] or the error
