@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from leaseproto.integrations.vllm.idle import DEFAULT_IDLE_WAIT
 from leaseproto.integrations.vllm.verify import DEFAULT_VERDICT_WAIT
 
 __all__ = ["PREFILL", "completion", "d_leg_rounds", "summarise", "verdict_table"]
@@ -110,12 +111,14 @@ def summarise(res: dict[str, Any], base: str, blocks: int = 5) -> dict[str, Any]
 
 
 def verdict_table(
-    res: dict[str, Any], verdict_wait: float | None
+    res: dict[str, Any], verdict_wait: float | None, idle_wait: float | None = None
 ) -> tuple[tuple[str, ...], list[tuple[Any, ...]]]:
-    """One row for our pair: what its ``verdict_wait`` did (D's counters) and the
-    verdict path's medians from check-trace, beside D's leg against stock."""
+    """One row for our pair: what its D's ``verdict_wait`` and its P's ``idle_wait``
+    did (their counters) and the verdict path's medians from check-trace, beside D's
+    leg against stock."""
     header = (
         "verdict_wait",
+        "idle_wait",
         "load",
         "vs stock (median)",
         "per-slice ratios",
@@ -123,23 +126,28 @@ def verdict_table(
         "OK sent to D's poll, median ms",
         "READ to use, median ms",
         "READ to P's poll, median ms",
+        "READ to P's poll, max ms",
         "verdict timeouts",
+        "P idle waits",
     )
     ours = res["pairs"]["leaseproto"]
     counters = res["d_counters"]
     paths = (res.get("trace") or {}).get("verdicts") or {}
 
-    def ms(key: str) -> str:
+    def ms(key: str, which: str = "median") -> str:
         got = paths.get(key) or {}
-        return "-" if got.get("median") is None else f"{1e3 * got['median']:.1f}"
+        return "-" if got.get(which) is None else f"{1e3 * got[which]:.1f}"
 
     waits = counters.get("vllm:leaseproto_verdict_waits", 0.0)
     missed = counters.get("vllm:leaseproto_verdict_waits_missed", 0.0)
     wait = (
         f"{DEFAULT_VERDICT_WAIT:g} s (default)" if verdict_wait is None else f"{verdict_wait:g} s"
     )
+    idle = f"{DEFAULT_IDLE_WAIT:g} s (default)" if idle_wait is None else f"{idle_wait:g} s"
+    p_counters = res.get("p_counters") or {}
     row = (
         wait,
+        idle,
         f"{min(res['load']):.1f}-{max(res['load']):.1f}",
         f"{ours['ratio']:.2f}x",
         f"{min(ours['ratio_slices']):.2f}-{max(ours['ratio_slices']):.2f}",
@@ -147,6 +155,8 @@ def verdict_table(
         ms("to_d_poll"),
         ms("read_to_use"),
         ms("to_p_poll"),
+        ms("to_p_poll", "max"),
         f"{counters.get('vllm:leaseproto_reads_verdict_timeout', 0.0):.0f}",
+        f"{p_counters.get('vllm:leaseproto_idle_waits', 0.0):.0f}",
     )
     return header, [row]

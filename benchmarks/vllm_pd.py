@@ -440,10 +440,12 @@ def run_latency(
     rounds: int,
     verdict_wait: float | None = None,
     lease: int = LEASE,
+    *,
+    idle_wait: float | None = None,
 ) -> dict[str, Any]:
     """D's leg on the stock pair and ours, interleaved (:mod:`_vllm_latency`);
-    ``verdict_wait`` is our D's setting (None: its default), ``lease`` every
-    engine's ``kv_lease_duration``."""
+    ``verdict_wait`` is our D's setting and ``idle_wait`` our P's (None: the
+    default), ``lease`` every engine's ``kv_lease_duration``."""
     names = ("stock", "leaseproto")
     servers: dict[str, tuple[Server, Server]] = {}
     traces = logs / "latency-traces"
@@ -451,9 +453,13 @@ def run_latency(
         for name in names:
             p_conn, d_conn = PAIRS[name]
             tag = f"latency-{name}"
-            ours = name == "leaseproto" and verdict_wait is not None
+            ours = name == "leaseproto"
             p_more: dict[str, Any] = {"kv_lease_duration": lease}
-            d_more = {**p_more, "verdict_wait": verdict_wait} if ours else p_more
+            d_more = dict(p_more)
+            if ours and verdict_wait is not None:
+                d_more["verdict_wait"] = verdict_wait
+            if ours and idle_wait is not None:
+                p_more["idle_wait"] = idle_wait
             servers[name] = (
                 server(model, "kv_producer", p_conn, logs / f"{tag}-P.log", traces, more=p_more),
                 server(model, "kv_consumer", d_conn, logs / f"{tag}-D.log", traces, more=d_more),
@@ -462,6 +468,7 @@ def run_latency(
             p.wait_up()
             d.wait_up()
         before = metrics(servers["leaseproto"][1].port)
+        p_before = metrics(servers["leaseproto"][0].port)
         res = d_leg_rounds(
             post,
             {n: (p.port, d.port) for n, (p, d) in servers.items()},
@@ -469,12 +476,16 @@ def run_latency(
         )
         time.sleep(2)  # two stats intervals
         after = metrics(servers["leaseproto"][1].port)
+        p_after = metrics(servers["leaseproto"][0].port)
     finally:
         for p, d in servers.values():
             d.stop()
             p.stop()
     out = summarise(res, "stock")
     out["d_counters"] = {k: v - before.get(k, 0.0) for k, v in after.items() if "leaseproto" in k}
+    out["p_counters"] = {
+        k: v - p_before.get(k, 0.0) for k, v in p_after.items() if "leaseproto" in k
+    }
     out["raw"] = res
     out["trace"] = validate(traces)
     return out
@@ -590,6 +601,11 @@ def main() -> None:
         help="--latency: our D's verdict_wait in seconds (default: the connector's; 0: no wait)",
     )
     ap.add_argument(
+        "--idle-wait",
+        type=float,
+        help="--latency: our P's idle_wait in seconds (default: the connector's; 0: no wait)",
+    )
+    ap.add_argument(
         "--lease",
         type=int,
         default=LEASE,
@@ -602,14 +618,17 @@ def main() -> None:
     if args.latency:
         work = args.workdir or Path(tempfile.mkdtemp(prefix="vllm_pd-"))
         model = build_tiny_model(work / "tiny-qwen3")
-        res = run_latency(model, work, args.rounds, args.verdict_wait, args.lease)
+        res = run_latency(
+            model, work, args.rounds, args.verdict_wait, args.lease, idle_wait=args.idle_wait
+        )
         load = res["load"]
         print(
             f"kv_lease_duration {args.lease} s; load {min(load):.1f}-{max(load):.1f}; {machine()}"
         )
         print(table(*latency_table(res)))
-        print(table(*verdict_table(res, args.verdict_wait)))
+        print(table(*verdict_table(res, args.verdict_wait, args.idle_wait)))
         print("leaseproto D counters:", res["d_counters"])
+        print("leaseproto P counters:", res["p_counters"])
         if res["trace"] is not None:
             print("verdicts:", res["trace"].get("verdicts"))
         if args.json:

@@ -16,12 +16,18 @@ Everything else is checked by :class:`leaseproto.LeaseConfig` (rules C1-C6).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
 from leaseproto import LeaseConfig
 
-__all__ = ["DEFAULT_KV_LEASE_DURATION", "lease_config_from_extra_config", "vllm_derivation"]
+__all__ = [
+    "DEFAULT_KV_LEASE_DURATION",
+    "lease_config_from_extra_config",
+    "seconds_below",
+    "vllm_derivation",
+]
 
 #: vLLM's default ``kv_lease_duration`` (seconds).
 DEFAULT_KV_LEASE_DURATION = 30
@@ -61,3 +67,28 @@ def lease_config_from_extra_config(extra: Mapping[str, Any] | None) -> LeaseConf
         known.setdefault("heartbeat_interval", interval)
         known.setdefault("lease_extension", extension)
     return LeaseConfig.from_extra_config(known)
+
+
+def seconds_below(
+    extra: Mapping[str, Any] | None, key: str, default: float, bound: float, bound_name: str
+) -> float:
+    """``extra[key]`` (default ``default``): a number of seconds, at least 0 and below
+    ``bound`` (what ``bound_name`` calls it, for the error).
+
+    Raises:
+        ValueError: not a finite number (a bool is not one), negative, or not below
+            ``bound``; the message names the key, the value and the rule.
+    """
+    value = default if not extra else extra.get(key, default)
+    ok = (
+        not isinstance(value, bool)
+        and isinstance(value, (int, float))
+        and math.isfinite(value)
+        and 0 <= value < bound
+    )
+    if not ok:
+        raise ValueError(
+            f"{key}={value!r} must be a number of seconds, at least 0 and below "
+            f"{bound_name} ({bound:g} s)"
+        )
+    return float(value)

@@ -21,6 +21,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_scheduler import (
 )
 
 from .bidirectional import is_cached_turn, turn2_heartbeat_target, turn_advert
+from .idle import IDLE_ATTR
 from .tracking import AUTH_ATTR, PARAMS_KEY, VERIFY_ATTR, HeartbeatTracking, key_id_of
 
 __all__ = ["LeaseprotoConnectorScheduler"]
@@ -63,6 +64,8 @@ class LeaseprotoConnectorScheduler(HeartbeatTracking, NixlPullConnectorScheduler
             self._loud()
         setattr(meta, VERIFY_ATTR, set(advertised))
         setattr(meta, AUTH_ATTR, advertised)
+        # nothing to compute: the worker may poll notifications instead of spinning (.idle)
+        setattr(meta, IDLE_ATTR, not getattr(scheduler_output, "total_num_scheduled_tokens", 1))
         self._ship_heartbeats(meta)
         return meta
 

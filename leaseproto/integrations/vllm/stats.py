@@ -79,6 +79,11 @@ COUNTERS: dict[str, tuple[str, str]] = {
         "vllm:leaseproto_verdict_waits_missed",
         "Verdict waits that ended with a verdict still missing (the READ is reported later).",
     ),
+    "lp_idle_waits": (
+        "vllm:leaseproto_idle_waits",
+        "Engine steps with nothing to compute that polled notifications (up to idle_wait) "
+        "while holding leases, instead of returning at once.",
+    ),
     "lp_reads_verdict_timeout": (
         "vllm:leaseproto_reads_verdict_timeout",
         "READs D failed for want of a verdict within the bound.",

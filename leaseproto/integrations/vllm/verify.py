@@ -28,6 +28,8 @@ from typing import Any
 
 from leaseproto import wire
 
+from .config import seconds_below
+
 __all__ = [
     "DEFAULT_VERDICT_WAIT",
     "HELLO_PREFIX",
@@ -60,19 +62,13 @@ def verdict_wait(extra: Mapping[str, Any] | None, bound: float) -> float:
         ValueError: not a finite number of seconds, or negative, or not below the
             verdict bound ``bound`` (past it the READ has failed anyway).
     """
-    value = DEFAULT_VERDICT_WAIT if not extra else extra.get(VERDICT_WAIT_KEY, DEFAULT_VERDICT_WAIT)
-    ok = (
-        not isinstance(value, bool)
-        and isinstance(value, (int, float))
-        and math.isfinite(value)
-        and 0 <= value < bound
+    return seconds_below(
+        extra,
+        VERDICT_WAIT_KEY,
+        DEFAULT_VERDICT_WAIT,
+        bound,
+        "the verdict bound (lease_extension)",
     )
-    if not ok:
-        raise ValueError(
-            f"{VERDICT_WAIT_KEY}={value!r} must be a number of seconds, at least 0 and below "
-            f"the verdict bound (lease_extension = {bound:g} s)"
-        )
-    return float(value)
 
 
 @dataclass

@@ -16,6 +16,11 @@ D waits up to ``verdict_wait`` for their verdicts (:class:`~.verify.VerdictWaits
 so that with P answering promptly the READ is reported in that step, as stock
 vLLM reports it, and the verdict costs no extra engine step.
 
+Both: an engine step with nothing to compute, while this engine holds leases and
+reads nothing, polls NIXL's notifications for up to ``idle_wait`` instead of
+returning at once (:mod:`.idle`): P answers a transfer-done as it arrives,
+not when its next engine step comes round.
+
 What each notification does (both sides) is in :mod:`.notifications`; what
 the push worker shares with this one, in :mod:`.worker_base`.
 """
@@ -33,6 +38,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker import (
 
 from leaseproto import wire
 
+from .idle import IDLE_ATTR, idle_wait, poll_until
 from .notifications import NotificationHandling
 from .sealing import key_problem
 from .trace import TracedNixl
@@ -55,6 +61,7 @@ class LeaseprotoConnectorWorker(NotificationHandling, LeaseWorker, NixlPullConne
     def __init__(self, vllm_config: Any, engine_id: str, kv_cache_config: Any) -> None:
         config = self._lp_before_init(vllm_config, engine_id, "LeaseprotoConnector")
         self._verdict_waits()  # a bad verdict_wait stops the engine before NIXL starts
+        self._idle_wait_s()  # and a bad idle_wait
         super().__init__(vllm_config, engine_id, kv_cache_config)
         role = getattr(getattr(vllm_config, "kv_transfer_config", None), "kv_role", None)
         self._lp_after_init(
@@ -81,8 +88,55 @@ class LeaseprotoConnectorWorker(NotificationHandling, LeaseWorker, NixlPullConne
             w = self.__dict__["_lp_waits"] = VerdictWaits(wait, cfg.heartbeat_interval)
         return w
 
+    def _idle_wait_s(self) -> float:
+        w: float | None = self.__dict__.get("_lp_idle_wait")
+        if w is None:
+            bound = self._leases().config.heartbeat_interval
+            w = self.__dict__["_lp_idle_wait"] = idle_wait(extra_of(self), bound)
+        return w
+
+    # -- an engine step with nothing to compute ----------------------------------------------
+    def get_transfer_results(self) -> Any:
+        if self.__dict__.pop("_lp_idle_step", False):
+            self._wait_while_idle()
+        return super().get_transfer_results()
+
+    def _wait_while_idle(self) -> None:
+        """Poll notifications for up to ``idle_wait``, in a step that computes nothing,
+        while this engine holds leases and has no READ of its own in flight; until a
+        poll finds a request done sending or the earliest lease deadline comes. What
+        the polls find is reported by this step (:meth:`_get_new_notifs` returns it
+        first); a poll that fails ends the wait and loses nothing."""
+        wait = self._idle_wait_s()
+        lp = self._leases()
+        if (
+            wait <= 0
+            or not len(lp.table)
+            or self._recving_metadata
+            or self._recving_transfers
+            or lp.settled
+            or lp.refused
+            or self.__dict__.get("_lp_done_carry")  # news already: report it now
+        ):
+            return
+        now = lp.now()
+        first = lp.table.next_deadline()
+        until = now + wait if first is None else min(now + wait, first)
+        self._stat("lp_idle_waits")
+
+        def poll() -> bool:
+            try:
+                done = self.__dict__["_lp_done_carry"] = self._get_new_notifs()
+            except Exception as exc:  # what earlier polls carried stays for the step's poll
+                self._drops().drop("notification poll failed during an idle wait", repr(exc))
+                return True
+            return bool(done) or bool(lp.settled) or bool(lp.refused)
+
+        poll_until(poll, lp.now, until)
+
     # -- D: verified reads (I13) ------------------------------------------------------------
     def start_load_kv(self, metadata: NixlConnectorMetadata) -> None:
+        self.__dict__["_lp_idle_step"] = bool(getattr(metadata, IDLE_ATTR, False))
         self._lp_set("_lp_advertised").update(getattr(metadata, VERIFY_ATTR, ()))
         self._key_ids().update(getattr(metadata, AUTH_ATTR, {}))
         super().start_load_kv(metadata)
