@@ -64,7 +64,7 @@ class LeaseprotoConnectorScheduler(HeartbeatTracking, NixlPullConnectorScheduler
             self._loud()
         setattr(meta, VERIFY_ATTR, set(advertised))
         setattr(meta, AUTH_ATTR, advertised)
-        # nothing to compute: the worker may poll notifications instead of spinning (.idle)
+        # nothing to compute: the worker may poll notifications before the step ends (.idle)
         setattr(meta, IDLE_ATTR, not getattr(scheduler_output, "total_num_scheduled_tokens", 1))
         self._ship_heartbeats(meta)
         return meta
