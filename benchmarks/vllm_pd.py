@@ -467,25 +467,24 @@ def run_latency(
         for p, d in servers.values():
             p.wait_up()
             d.wait_up()
-        before = metrics(servers["leaseproto"][1].port)
-        p_before = metrics(servers["leaseproto"][0].port)
+        our_engines = dict(zip(("p", "d"), servers["leaseproto"], strict=True))
+        before = {side: metrics(s.port) for side, s in our_engines.items()}
         res = d_leg_rounds(
             post,
             {n: (p.port, d.port) for n, (p, d) in servers.items()},
             [prompt(i) for i in range(rounds)],
         )
         time.sleep(2)  # two stats intervals
-        after = metrics(servers["leaseproto"][1].port)
-        p_after = metrics(servers["leaseproto"][0].port)
+        after = {side: metrics(s.port) for side, s in our_engines.items()}
     finally:
         for p, d in servers.values():
             d.stop()
             p.stop()
     out = summarise(res, "stock")
-    out["d_counters"] = {k: v - before.get(k, 0.0) for k, v in after.items() if "leaseproto" in k}
-    out["p_counters"] = {
-        k: v - p_before.get(k, 0.0) for k, v in p_after.items() if "leaseproto" in k
-    }
+    for side in ("p", "d"):  # our engines' counters over the rounds
+        out[f"{side}_counters"] = {
+            k: v - before[side].get(k, 0.0) for k, v in after[side].items() if "leaseproto" in k
+        }
     out["raw"] = res
     out["trace"] = validate(traces)
     return out
