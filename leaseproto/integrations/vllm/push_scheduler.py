@@ -28,6 +28,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_scheduler import (
 )
 
 from .push import registration_advert
+from .sidechannel import SideChannelCheck
 from .tracking import PARAMS_KEY, HeartbeatTracking
 
 __all__ = ["ABORTED_ATTR", "ALIVE_ATTR", "LeaseprotoPushConnectorScheduler"]
@@ -38,7 +39,11 @@ ALIVE_ATTR = "leaseproto_push_alive"
 ABORTED_ATTR = "leaseproto_push_aborted"
 
 
-class LeaseprotoPushConnectorScheduler(HeartbeatTracking, NixlPushConnectorScheduler):  # type: ignore[misc]
+class LeaseprotoPushConnectorScheduler(
+    SideChannelCheck,
+    HeartbeatTracking,
+    NixlPushConnectorScheduler,  # type: ignore[misc]
+):
     """vLLM's push scheduler with the heartbeat tracker, D's advertisement and P's news."""
 
     def __init__(self, vllm_config: Any, engine_id: str, kv_cache_config: Any) -> None:

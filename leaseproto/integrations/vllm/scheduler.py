@@ -22,12 +22,13 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_scheduler import (
 
 from .bidirectional import is_cached_turn, turn2_heartbeat_target, turn_advert
 from .idle import IDLE_ATTR
+from .sidechannel import SideChannelCheck
 from .tracking import AUTH_ATTR, PARAMS_KEY, VERIFY_ATTR, HeartbeatTracking, key_id_of
 
 __all__ = ["LeaseprotoConnectorScheduler"]
 
 
-class LeaseprotoConnectorScheduler(HeartbeatTracking, NixlPullConnectorScheduler):  # type: ignore[misc]
+class LeaseprotoConnectorScheduler(SideChannelCheck, HeartbeatTracking, NixlPullConnectorScheduler):  # type: ignore[misc]
     """vLLM's pull scheduler with the heartbeat tracker as the one record on D."""
 
     def __init__(self, vllm_config: Any, engine_id: str, kv_cache_config: Any) -> None:
