@@ -56,9 +56,12 @@ def d_leg_rounds(
     prompts: list[str],
     *,
     warmup: int = 3,
+    focus: Callable[[str | None], None] | None = None,
 ) -> dict[str, Any]:
     """Each prompt through every pair (``name -> (p_port, d_port)``), the pairs'
-    order alternating ABBA; the first ``warmup`` prompts are not counted."""
+    order alternating ABBA; the first ``warmup`` prompts are not counted.
+    ``focus(name)`` is called before each request to that pair, ``focus(None)``
+    at the end."""
     names = list(pairs)
     legs: dict[str, list[float]] = {n: [] for n in names}
     p_legs: dict[str, list[float]] = {n: [] for n in names}
@@ -67,6 +70,8 @@ def d_leg_rounds(
     for i, text in enumerate(prompts):
         order = names if (i // 2) % 2 == 0 else names[::-1]  # A B, B A, A B, ...
         for name in order:
+            if focus is not None:
+                focus(name)
             p_s, d_s, tok = _leg(post, *pairs[name], text)
             if i >= warmup:
                 legs[name].append(d_s)
@@ -74,6 +79,8 @@ def d_leg_rounds(
                 tokens[name].append(tok)
         if i % 10 == 0:
             load.append(os.getloadavg()[0])
+    if focus is not None:
+        focus(None)
     load.append(os.getloadavg()[0])
     return {"d_leg_s": legs, "p_leg_s": p_legs, "tokens": tokens, "load": load}
 

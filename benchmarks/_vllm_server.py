@@ -215,6 +215,10 @@ class Server:
                 time.sleep(2)
         raise TimeoutError(f"server not up after {timeout}s; see {self.log}: {self._tail()}")
 
+    def pause(self, stopped: bool) -> None:
+        """Stop (SIGSTOP) or continue (SIGCONT) every process of the server."""
+        os.killpg(self.proc.pid, signal.SIGSTOP if stopped else signal.SIGCONT)
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGCONT)

@@ -324,10 +324,12 @@ def run_latency(
     lease: int = LEASE,
     *,
     idle_wait: float | None = None,
+    one_at_a_time: bool = False,
 ) -> dict[str, Any]:
     """D's leg on the stock pair and ours, interleaved (:mod:`_vllm_latency`);
     ``verdict_wait`` is our D's setting and ``idle_wait`` our P's (None: the
-    default), ``lease`` every engine's ``kv_lease_duration``."""
+    default), ``lease`` every engine's ``kv_lease_duration``; ``one_at_a_time``:
+    the pair not measured is stopped meanwhile."""
     names = ("stock", "leaseproto")
     servers: dict[str, tuple[Server, Server]] = {}
     traces = logs / "latency-traces"
@@ -351,10 +353,17 @@ def run_latency(
             d.wait_up()
         our_engines = dict(zip(("p", "d"), servers["leaseproto"], strict=True))
         before = {side: metrics(s.port) for side, s in our_engines.items()}
+
+        def focus(name: str | None) -> None:  # the others stopped, this one (or all) running
+            for other, pair in servers.items():
+                for s in pair:
+                    s.pause(name is not None and other != name)
+
         res = d_leg_rounds(
             post,
             {n: (p.port, d.port) for n, (p, d) in servers.items()},
             [prompt(i) for i in range(rounds)],
+            focus=focus if one_at_a_time else None,
         )
         time.sleep(2)  # two stats intervals
         after = {side: metrics(s.port) for side, s in our_engines.items()}
@@ -487,6 +496,11 @@ def main() -> None:
         help="--latency: our P's idle_wait in seconds (default: the connector's; 0: no wait)",
     )
     ap.add_argument(
+        "--one-pair-at-a-time",
+        action="store_true",
+        help="--latency: stop (SIGSTOP) the pair not measured while the other serves a request",
+    )
+    ap.add_argument(
         "--lease",
         type=int,
         default=LEASE,
@@ -500,11 +514,20 @@ def main() -> None:
         work = args.workdir or Path(tempfile.mkdtemp(prefix="vllm_pd-"))
         model = build_tiny_model(work / "tiny-qwen3")
         res = run_latency(
-            model, work, args.rounds, args.verdict_wait, args.lease, idle_wait=args.idle_wait
+            model,
+            work,
+            args.rounds,
+            args.verdict_wait,
+            args.lease,
+            idle_wait=args.idle_wait,
+            one_at_a_time=args.one_pair_at_a_time,
         )
         load = res["load"]
+        res["one_pair_at_a_time"] = args.one_pair_at_a_time
+        alone = "; the other pair stopped meanwhile" if args.one_pair_at_a_time else ""
         print(
-            f"kv_lease_duration {args.lease} s; load {min(load):.1f}-{max(load):.1f}; {machine()}"
+            f"kv_lease_duration {args.lease} s; load {min(load):.1f}-{max(load):.1f}{alone}; "
+            f"{machine()}"
         )
         print(table(*latency_table(res)))
         print(table(*verdict_table(res, args.verdict_wait, args.idle_wait)))
