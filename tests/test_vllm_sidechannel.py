@@ -16,6 +16,7 @@ pytest.importorskip("vllm", reason="vLLM is not installed (the vLLM venv of .ci/
 from vllm_push_stubs import push_scheduler
 from vllm_stubs import make_scheduler
 
+from leaseproto.adapters.nixl import free_port
 from leaseproto.integrations.vllm import SideChannelPortTaken
 from leaseproto.integrations.vllm.sidechannel import check_side_channel
 
@@ -31,12 +32,6 @@ def squatted() -> Iterator[int]:
         yield int(s.getsockname()[1])
 
 
-def _free() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
-
-
 def test_a_taken_port_is_named_in_a_typed_error(squatted: int) -> None:
     with pytest.raises(SideChannelPortTaken) as caught:
         check_side_channel("localhost", squatted)
@@ -46,8 +41,8 @@ def test_a_taken_port_is_named_in_a_typed_error(squatted: int) -> None:
     assert isinstance(caught.value, OSError)
 
 
-def test_the_check_leaves_the_port_free() -> None:
-    port = _free()
+def test_the_check_leaves_the_portfree_port() -> None:
+    port = free_port()
     check_side_channel("localhost", port)
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as ZeroMQ binds
@@ -77,7 +72,7 @@ def test_the_schedulers_refuse_to_start_on_a_taken_port(kind: str, squatted: int
 @pytest.mark.timeout(60)  # vLLM waits for its listener without a timeout
 @pytest.mark.parametrize("kind", ["pull", "push"])
 def test_on_a_free_port_vllm_s_listener_binds_after_the_check(kind: str) -> None:
-    s = _scheduler(kind, _free())
+    s = _scheduler(kind, free_port())
     s.set_xfer_handshake_metadata({})  # type: ignore[attr-defined]
     try:
         listener = s._nixl_handshake_listener_t  # type: ignore[attr-defined]
