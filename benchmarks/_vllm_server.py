@@ -7,8 +7,9 @@ which comes only after the model has loaded, another process may take it. vLLM's
 side channel is bound by a listener thread the engine waits on without a timeout
 (``ready_event.wait()`` in 0.32's ``NixlConnectorScheduler``), so a taken side port
 hangs the server, neither up nor exited (a CI run lost 600 s to it). Here ports come
-from below the ephemeral range, where nothing picks ports on its own, and a server whose
-log says a port was taken is stopped and started again on fresh ports.
+from below the ephemeral range, where nothing picks ports on its own
+(:func:`leaseproto.adapters.ports.free_port`), and a server whose log says a port was
+taken is stopped and started again on fresh ports.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +28,8 @@ from typing import Any
 
 from _reaper import reap_group_on_exit
 
+from leaseproto.adapters.ports import free_port
+
 __all__ = ["LEASE", "PORT_TAKEN", "LogWatch", "PortTaken", "Server", "unclaimed_port"]
 
 SERVER_SITE = Path(__file__).resolve().parent / "server_site"
@@ -36,40 +38,13 @@ LEASE = 12  # kv_lease_duration: heartbeat every 2 s, extension 8 s (vLLM's deri
 PORT_TAKEN = "Address already in use"
 #: how many times a server is started before a taken port is reported
 STARTS = 3
-#: ports below the ephemeral range we pick from (the range's start, less this)
-SPAN = 12000
-
-_handed: set[int] = set()  # never the same port twice from one process
-
-
-def _ephemeral_start() -> int:
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768  # Linux's default
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind(("", port))  # all addresses: the API server binds them all
-        except OSError:
-            return False
-    return True
 
 
 def unclaimed_port(rng: random.Random | None = None) -> int:
-    """A free TCP port outside the kernel's ephemeral range (so no ``bind(0)`` and no
-    outgoing connection takes it meanwhile), not handed out before by this process."""
-    top = _ephemeral_start()
-    low = max(1024, top - SPAN)
-    pick = rng or random.Random()
-    for _ in range(1000):
-        port = pick.randrange(low, top)
-        if port not in _handed and _bindable(port):
-            _handed.add(port)
-            return port
-    raise OSError(f"no free port in [{low}, {top}) after 1000 tries")
+    """A free TCP port on every address, from below the kernel's ephemeral range (so no
+    ``bind(0)`` and no outgoing connection takes it meanwhile), not handed out before by
+    this process (:func:`leaseproto.adapters.ports.free_port`)."""
+    return free_port("", rng=rng)  # all addresses: the API server binds them all
 
 
 class LogWatch:

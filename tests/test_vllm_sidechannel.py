@@ -5,6 +5,7 @@ listener thread whose bind failed. The real engine is in tests/test_vllm_pd.py."
 from __future__ import annotations
 
 import errno
+import logging
 import socket
 import threading
 from collections.abc import Iterator
@@ -17,8 +18,8 @@ from vllm_push_stubs import push_scheduler
 from vllm_stubs import make_scheduler
 
 from leaseproto.adapters.nixl import free_port
-from leaseproto.integrations.vllm import SideChannelPortTaken
-from leaseproto.integrations.vllm.sidechannel import check_side_channel
+from leaseproto.integrations.vllm import SideChannelPortTaken, sidechannel
+from leaseproto.integrations.vllm.sidechannel import SideChannelCheck, check_side_channel
 
 pytestmark = pytest.mark.vllm
 
@@ -82,3 +83,41 @@ def test_on_a_free_port_vllm_s_listener_binds_after_the_check(kind: str) -> None
     finally:
         s._stop_event.set()  # type: ignore[attr-defined]
         s._nixl_handshake_listener_t.join(5)  # type: ignore[attr-defined]
+
+
+class _OtherVllmScheduler:
+    """A scheduler of a vLLM whose NIXL scheduler lacks 0.32's private attributes."""
+
+    def __init__(self) -> None:
+        self.metadata: list[object] = []
+
+    def set_xfer_handshake_metadata(self, metadata: object) -> None:
+        self.metadata.append(metadata)
+
+
+class _Checked(SideChannelCheck, _OtherVllmScheduler):
+    pass
+
+
+def test_a_vllm_without_the_attributes_starts_as_it_would_without_the_check(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sidechannel, "_warned", set())
+    s = _Checked()
+    with caplog.at_level(logging.WARNING, logger="vllm.leaseproto.scheduler"):
+        s.set_xfer_handshake_metadata({"a": 1})
+        s.set_xfer_handshake_metadata({"b": 2})
+    assert s.metadata == [{"a": 1}, {"b": 2}]  # vLLM's own method ran, no AttributeError
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1 and "_nixl_handshake_listener_t" in warned[0]
+    assert "side_channel_host" in warned[0] and "not checked" in warned[0]
+
+
+def test_with_the_attributes_but_a_listener_already_up_nothing_is_bound_again(
+    squatted: int,
+) -> None:
+    s = _Checked()
+    s.side_channel_host, s.side_channel_port = "localhost", squatted  # type: ignore[attr-defined]
+    s._nixl_handshake_listener_t = object()  # type: ignore[attr-defined]  # vLLM's, running
+    s.set_xfer_handshake_metadata({})  # the port is held by that listener: no refusal
+    assert s.metadata == [{}]

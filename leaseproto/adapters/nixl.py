@@ -10,7 +10,7 @@ error; bad arguments (wrong types, mismatched descriptor lists, use after
 Interface (stable; the workers are built on it)::
 
     load_nixl() -> ModuleType                       # nixl, else nixl_cu12, else ImportError
-    free_port(host="127.0.0.1") -> int              # bind port 0, close, return it
+    free_port(host="127.0.0.1") -> int              # below the ephemeral range (adapters.ports)
     XferDescs(mem_type: str, descs: tuple[tuple[int, int, int], ...])  # (addr, nbytes, dev)
     NixlEndpoint(name, *, host="127.0.0.1", port, connect_timeout=10.0, connect_retry=0.25,
                  progress_thread=False, accept_pushed=True, repush_idle=None)

@@ -44,10 +44,11 @@ How NIXL behaves here (nixl-cu12 1.5.1, checked on this machine, CPU only);
 from __future__ import annotations
 
 import importlib
-import socket
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Literal
+
+from .ports import free_port
 
 __all__ = [
     "INSTALL_HINT",
@@ -88,15 +89,6 @@ def load_nixl() -> ModuleType:
     raise ImportError(
         f"NIXL is not importable ({'; '.join(problems)}); install it with `{INSTALL_HINT}`"
     )
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (bind to port 0, read it, close).
-    Another process may still take it before you bind; good enough for tests
-    and the local demo."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 class EndpointClosed(RuntimeError):

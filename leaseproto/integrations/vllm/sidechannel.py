@@ -12,12 +12,17 @@ address first, in the engine's own thread, and refuse to start with
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import zmq
 from vllm.utils.network_utils import make_zmq_path
 
 __all__ = ["SideChannelCheck", "SideChannelPortTaken", "check_side_channel"]
+
+logger = logging.getLogger("vllm.leaseproto.scheduler")
+_MISSING: Any = object()  # an attribute this vLLM's scheduler does not have
+_warned: set[type] = set()  # the scheduler classes the skipped check was logged for
 
 
 class SideChannelPortTaken(OSError):
@@ -46,13 +51,30 @@ def check_side_channel(host: str, port: int) -> None:
 
 class SideChannelCheck:
     """Mixed into a NIXL connector scheduler: the side channel is checked before vLLM
-    starts its listener (once, as vLLM starts it once)."""
-
-    side_channel_host: str
-    side_channel_port: int
-    _nixl_handshake_listener_t: Any
+    starts its listener (once, as vLLM starts it once). The check reads three private
+    attributes of vLLM 0.32's scheduler; where a vLLM lacks one of them, the check is
+    skipped (logged once per class) and the scheduler behaves as vLLM's own."""
 
     def set_xfer_handshake_metadata(self, metadata: Any) -> None:
-        if self._nixl_handshake_listener_t is None:
-            check_side_channel(self.side_channel_host, self.side_channel_port)
+        listener = getattr(self, "_nixl_handshake_listener_t", _MISSING)
+        host = getattr(self, "side_channel_host", _MISSING)
+        port = getattr(self, "side_channel_port", _MISSING)
+        if _MISSING in (listener, host, port):
+            if type(self) not in _warned:
+                _warned.add(type(self))
+                logger.warning(
+                    "leaseproto: this vLLM's NIXL scheduler has no %s; the side-channel "
+                    "port is not checked before its listener binds it",
+                    ", ".join(
+                        name
+                        for name, got in (
+                            ("_nixl_handshake_listener_t", listener),
+                            ("side_channel_host", host),
+                            ("side_channel_port", port),
+                        )
+                        if got is _MISSING
+                    ),
+                )
+        elif listener is None:
+            check_side_channel(host, port)
         super().set_xfer_handshake_metadata(metadata)  # type: ignore[misc]
