@@ -20,7 +20,14 @@ from typing import Any
 from leaseproto.integrations.vllm.idle import DEFAULT_IDLE_WAIT
 from leaseproto.integrations.vllm.verify import DEFAULT_VERDICT_WAIT
 
-__all__ = ["PREFILL", "completion", "d_leg_rounds", "summarise", "verdict_table"]
+__all__ = [
+    "PREFILL",
+    "completion",
+    "d_leg_rounds",
+    "latency_table",
+    "summarise",
+    "verdict_table",
+]
 
 Post = Callable[[int, dict[str, Any]], dict[str, Any]]
 
@@ -115,6 +122,36 @@ def summarise(res: dict[str, Any], base: str, blocks: int = 5) -> dict[str, Any]
         same = sum(a == b for a, b in zip(res["tokens"][name], res["tokens"][base], strict=True))
         out["pairs"][name]["same_first_token"] = f"{same}/{n}"
     return out
+
+
+def latency_table(res: dict[str, Any]) -> tuple[tuple[str, ...], list[tuple[Any, ...]]]:
+    header = (
+        "pair",
+        "requests",
+        "D leg median ms",
+        "p90 ms",
+        "min-max ms",
+        "vs stock (median)",
+        "per-slice ratios",
+        "P leg median ms",
+    )
+    out = []
+    for name, r in res["pairs"].items():
+        out.append(
+            (
+                name,
+                r["n"],
+                r["median_ms"],
+                r["p90_ms"],
+                f"{r['min_ms']}-{r['max_ms']}",
+                "-" if "ratio" not in r else f"{r['ratio']:.2f}x",
+                "-"
+                if "ratio" not in r
+                else f"{min(r['ratio_slices']):.2f}-{max(r['ratio_slices']):.2f}",
+                r["p_leg_median_ms"],
+            )
+        )
+    return header, out
 
 
 def verdict_table(

@@ -19,7 +19,7 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["tokens", "two_turns"]
+__all__ = ["tokens", "two_turn_table", "two_turns"]
 
 Post = Callable[[int, dict[str, Any]], dict[str, Any]]
 
@@ -97,3 +97,51 @@ def two_turns(
         "d_returned_blocks": bool(cached and cached.get("remote_block_ids")),
         "d_cached_tokens": None if not cached else cached.get("remote_num_tokens"),
     }
+
+
+def two_turn_table(turns: dict[str, Any]) -> tuple[tuple[str, ...], list[tuple[Any, ...]]]:
+    """One row per pair: what the conversations gave, and what P and D counted."""
+
+    def total(rows: list[dict[str, Any]], side: str, *names: str) -> int:
+        return int(sum(r[f"{side}_counters"].get(n, 0.0) for r in rows for n in names))
+
+    header = (
+        "pair",
+        "conversations",
+        "turn 1 identical",
+        "turn 2 identical",
+        "D kept turn 1",
+        "P: turn-2 reads verified",
+        "P: reads refused/timed out",
+        "P: expired leases",
+        "P: late reads",
+        "trace validation",
+    )
+    out = []
+    for name, res in turns.items():
+        failed = [r for r in res["conversations"] if "failed" in r]
+        rows = [r for r in res["conversations"] if "failed" not in r]
+        t = res.get("trace")
+        stalls = sum(len(r.get("stalls", ())) for r in res["conversations"])
+        out.append(
+            (
+                name,
+                f"{len(rows)}"
+                + (f" (+{len(failed)} failed)" if failed else "")
+                + (f", {stalls} stalled" if stalls else ""),
+                f"{sum(r['turn1_identical'] for r in rows)}/{len(rows)}",
+                f"{sum(r['turn2_identical'] for r in rows)}/{len(rows)}",
+                f"{sum(r['d_returned_blocks'] for r in rows)}/{len(rows)}",
+                total(rows, "p", "vllm:leaseproto_reads_verified"),
+                total(
+                    rows,
+                    "p",
+                    "vllm:leaseproto_reads_refused",
+                    "vllm:leaseproto_reads_verdict_timeout",
+                ),
+                total(rows, "p", "vllm:nixl_num_kv_expired_reqs"),
+                total(rows, "p", "vllm:nixl_num_notifications_after_expiry"),
+                "-" if t is None else f"{t['events']} events, {t['violations']} violations",
+            )
+        )
+    return header, out

@@ -34,8 +34,9 @@ from typing import Any
 
 from _common import machine, table
 from _reaper import die_with_parent
+from _vllm_pairs import SHAPE, metrics, post, prompt
+from _vllm_server import LEASE, Server
 from _vllm_traces import report_traces, validate
-from vllm_pd import LEASE, SHAPE, Server, metrics, post, prompt
 
 from leaseproto.integrations.vllm.tinymodel import build_tiny_model
 
