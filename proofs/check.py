@@ -20,8 +20,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 import z3
@@ -55,188 +54,10 @@ from .code_runs import (
     tracker_obligations,
     wire_obligations,
 )
-from .kit import System, fmt, model_value
+from .induction import render, system_obligations
 from .obligation import Obligation
 from .options import SYSTEMS, TIMEOUT_MS, add_arguments
-
-SEED = 0
-
-
-#: the last :func:`run`'s failed obligations: how many, how many of them crashed and how
-#: many z3 could not decide in time (the mutation run tells a failed obligation from a
-#: crash and from a timeout by them)
-LAST_RUN: dict[str, int] = {"failed": 0, "crashed": 0, "unknown": 0}
-
-
-@dataclass
-class Result:
-    obligation: Obligation
-    ok: bool
-    answer: str
-    seconds: float
-    detail: list[str]
-
-
-def configure() -> None:
-    z3.set_param("smt.random_seed", SEED)
-    z3.set_param("sat.random_seed", SEED)
-    z3.set_param("nlsat.seed", SEED)
-
-
-#: seeds a solve tries in turn while z3 answers ``unknown``: z3's search, and so its time,
-#: can change with the shape of the terms (a dict's order, the hash seed, the context's
-#: earlier terms), and an obligation that takes 50 ms once took 20 s under another shape;
-#: any seed's ``unsat`` is a proof, and ``unknown`` from every seed still counts as FAIL
-RETRY_SEEDS = (SEED, SEED + 1)
-
-
-def solve(ob: Obligation, timeout_ms: int = TIMEOUT_MS) -> Result:
-    start = time.perf_counter()
-    unknown: list[str] = []
-    for seed in RETRY_SEEDS:
-        s = z3.Solver()
-        s.set("timeout", timeout_ms)
-        s.set("random_seed", seed)
-        s.add(*ob.assertions)
-        answer = s.check()
-        if answer != z3.unknown:
-            break
-        unknown.append(f"{s.reason_unknown()} with seed {seed}")
-    took = time.perf_counter() - start
-    if answer == z3.unknown:
-        return Result(
-            ob,
-            False,
-            "unknown",
-            took,
-            [f"z3 answered unknown ({'; '.join(unknown)}): counted as FAIL"],
-        )
-    got = "sat" if answer == z3.sat else "unsat"
-    if got == ob.expect:
-        return Result(ob, True, got, took, [])
-    if got == "sat":  # a counterexample to a proof obligation
-        return Result(ob, False, got, took, [ob.why, *ob.show(s.model())])
-    return Result(ob, False, got, took, [ob.why or "no witness exists: the check is vacuous"])
-
-
-# -- rendering ----------------------------------------------------------------------------
-def render(m: Any, values: Iterable[tuple[str, Any]]) -> str:
-    parts = []
-    for name, expr in values:
-        v = model_value(m, expr)
-        if name == "st" and isinstance(v, int):
-            v = model.STATE_NAMES.get(v, v)
-        parts.append(f"{name}={fmt(v)}")
-    return " ".join(parts)
-
-
-def _changed(m: Any, s: Any, s2: Any) -> list[tuple[str, Any]]:
-    return [(n, s2[n]) for n in s.names() if model_value(m, s[n]) != model_value(m, s2[n])]
-
-
-# -- obligations --------------------------------------------------------------------------
-def system_obligations(sys_: System, invs: Sequence[Any]) -> list[Obligation]:
-    p = sys_.param_vars()
-    s, s2 = sys_.state("0"), sys_.state("1")
-    ax = sys_.axioms(p)
-    state_invs = [i for i in invs if i.kind == "state"]
-    step_invs = [i for i in invs if i.kind == "step"]
-    names = _part_names(state_invs) + _part_names(step_invs)
-    all_pre = [i.pred(s, p) for i in state_invs]
-    n = sys_.name
-
-    def params_line(m: Any) -> str:
-        return "params: " + render(m, p.items())
-
-    def show_initial(m: Any) -> list[str]:
-        return ["initial state: " + render(m, s.items()), params_line(m)]
-
-    obs = [
-        Obligation(
-            n,
-            "init sat",
-            (),
-            "sat",
-            [ax, sys_.init(s, p)],
-            why="the axioms and initial states are unsatisfiable",
-        )
-    ]
-    for k, i in enumerate(state_invs):
-        obs.append(
-            Obligation(
-                n,
-                f"init => {names[k]}",
-                (i.id,),
-                "unsat",
-                [ax, sys_.init(s, p), z3.Not(i.pred(s, p))],
-                show_initial,
-                why=f"an initial state violates {i.id}: {i.text}",
-            )
-        )
-    for t in sys_.transitions:
-        a = sys_.args(t, "0")
-        rel = sys_.relation(t, s, s2, a, p)
-        out = t.outputs(s, a, p) if t.outputs else {}
-        wit = t.witness(s, s2, a, p) if t.witness else z3.BoolVal(True)
-        obs.append(
-            Obligation(
-                n,
-                f"{t.name} enabled",
-                (),
-                "sat",
-                [ax, *all_pre, rel, wit],
-                why=f"transition {t.name} never reaches its witness from a "
-                "state satisfying the invariants: proofs would be vacuous",
-            )
-        )
-
-        def cti(m: Any, a: Any = a, t: Any = t) -> list[str]:
-            return [
-                "before: " + render(m, s.items()),
-                f"{t.name}({render(m, a.items())})",
-                "after:  " + (render(m, _changed(m, s, s2)) or "(nothing changed)"),
-                params_line(m),
-            ]
-
-        for k, i in enumerate(state_invs):
-            obs.append(
-                Obligation(
-                    n,
-                    f"{names[k]} preserved by {t.name}",
-                    (i.id,),
-                    "unsat",
-                    [ax, *all_pre, rel, z3.Not(i.pred(s2, p))],
-                    cti,
-                    why=f"invariant {i.id} is not preserved by transition {t.name}: {i.text}",
-                )
-            )
-        for k, i in enumerate(step_invs, start=len(state_invs)):
-            obs.append(
-                Obligation(
-                    n,
-                    f"{names[k]} holds across {t.name}",
-                    (i.id,),
-                    "unsat",
-                    [ax, *all_pre, rel, z3.Not(i.pred(s, s2, a, p, t=t, out=out))],
-                    cti,
-                    why=f"step property {i.id} fails on transition {t.name}: {i.text}",
-                )
-            )
-    return obs
-
-
-def _part_names(invs: Sequence[Any]) -> list[str]:
-    """Each invariant's name in labels: its id, or ``I6.1``, ``I6.2``... when one id
-    has several parts of one kind in a system, so no two obligations share a label."""
-    counts: dict[str, int] = {}
-    for i in invs:
-        counts[i.id] = counts.get(i.id, 0) + 1
-    seen: dict[str, int] = {}
-    names = []
-    for i in invs:
-        seen[i.id] = seen.get(i.id, 0) + 1
-        names.append(i.id if counts[i.id] == 1 else f"{i.id}.{seen[i.id]}")
-    return names
+from .solver import configure, discharge
 
 
 def theorem_obligations(theorems: Sequence[model.Theorem]) -> list[Obligation]:
@@ -407,24 +228,6 @@ def select(obs: list[Obligation], only: str | None, system: str | None = None) -
         return not o.ids or only in o.ids or all(i.startswith("L") for i in o.ids)
 
     return [o for o in obs if o.system in systems and wanted(o)]
-
-
-def discharge(obs: Sequence[Obligation], out: Any, timeout_ms: int = TIMEOUT_MS) -> int:
-    """Solve each obligation and print its line (and why, when it fails); returns how
-    many failed."""
-    failed = crashed = unknown = 0
-    for ob in obs:
-        r = solve(ob, timeout_ms)
-        tag = "ok  " if r.ok else "FAIL"
-        crashed += not r.ok and ob.crashed
-        unknown += not r.ok and not ob.crashed and r.answer == "unknown"
-        print(f"{tag} [{ob.system}] {ob.label}  ({r.seconds * 1000:.0f} ms)", file=out)
-        if not r.ok:
-            failed += 1
-            for line in r.detail:
-                print(f"       {line}", file=out)
-    LAST_RUN.update(failed=failed, crashed=crashed, unknown=unknown)
-    return failed
 
 
 def run(

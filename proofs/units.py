@@ -12,7 +12,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from . import check, code_runs, model, table_invariants, table_model, timing, timing_turn2
+from . import (
+    check,
+    code_runs,
+    induction,
+    model,
+    solver,
+    table_invariants,
+    table_model,
+    timing,
+    timing_turn2,
+)
 from . import invariants as inv_mod
 from .obligation import Obligation
 from .options import TIMEOUT_MS
@@ -22,14 +32,14 @@ def _rules() -> list[Obligation]:
     obs = check.concrete_rule_obligations()
     systems = (model.lease_system(cap=False), model.lease_system(cap=True), model.engine_system())
     for sys_ in systems:
-        obs += check.system_obligations(
+        obs += induction.system_obligations(
             sys_, [i for i in inv_mod.INVARIANTS if i.system == sys_.name]
         )
     return obs
 
 
 def _table() -> list[Obligation]:
-    return check.system_obligations(table_model.table_system(), table_invariants.INVARIANTS)
+    return induction.system_obligations(table_model.table_system(), table_invariants.INVARIANTS)
 
 
 def _theorems() -> list[Obligation]:
@@ -42,7 +52,7 @@ def _theorems() -> list[Obligation]:
 def _timing() -> list[Obligation]:
     obs: list[Obligation] = []
     for sys_, invs in timing.systems():
-        obs += check.system_obligations(sys_, invs)
+        obs += induction.system_obligations(sys_, invs)
     return obs + check.witness_obligations()
 
 
@@ -66,11 +76,11 @@ def run_unit(name: str, out: Any, timeout_ms: int = TIMEOUT_MS) -> tuple[int, in
     """Build and discharge unit ``name``, printing a line per obligation to ``out``;
     returns (failed, of them crashed, of them undecided by z3 in time). Building that
     raises is one crashed failure."""
-    check.configure()
+    solver.configure()
     try:
         obs = UNITS[name]()
     except Exception as exc:  # the code under proof raised while the unit was built
         print(f"FAIL [{name}] building the unit raised {type(exc).__name__}: {exc}", file=out)
         return 1, 1, 0
-    failed = check.discharge(obs, out, timeout_ms)
-    return failed, check.LAST_RUN["crashed"], check.LAST_RUN["unknown"]
+    failed = solver.discharge(obs, out, timeout_ms)
+    return failed, solver.LAST_RUN["crashed"], solver.LAST_RUN["unknown"]

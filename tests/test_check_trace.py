@@ -236,7 +236,7 @@ def test_not_a_trace_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixt
 
 
 def test_the_writer_writes_what_the_checker_reads(tmp_path: Path) -> None:
-    from leaseproto.checker.trace_rules import _release_of
+    from leaseproto.checker.trace_events import _release_of
     from leaseproto.core.events import Release, ReleaseReason
     from leaseproto.workers.trace import NO_TRACE, TraceWriter, open_trace
 

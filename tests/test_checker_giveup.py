@@ -6,7 +6,7 @@ check gone, the leases it leaves behind lapse by I5 and nothing else fails)."""
 from __future__ import annotations
 
 import pytest
-from leaseproto.proofs import check as prove_check
+from leaseproto.proofs import solver
 from leaseproto.proofs.code_runs import giveup_obligations
 from test_checker import mutate
 
@@ -139,7 +139,7 @@ def test_the_router_scope_is_off_elsewhere() -> None:
 
 def _l20_holds() -> bool:
     (ob,) = giveup_obligations()
-    return bool(prove_check.solve(ob).ok)
+    return bool(solver.solve(ob).ok)
 
 
 def test_l20_the_rule_equals_the_spec_s_table() -> None:

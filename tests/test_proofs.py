@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import z3
-from leaseproto.proofs import check, counterexamples, cx_turn2
+from leaseproto.proofs import check, counterexamples, cx_turn2, solver
 
 from leaseproto import cli
 from leaseproto.core import rules
@@ -51,15 +51,15 @@ def test_every_spec_invariant_has_proof_obligations() -> None:
 
 def test_unknown_is_a_failure() -> None:
     x, y, w = z3.Ints("x y w")
-    hard = check.Obligation(
+    hard = solver.Obligation(
         "t", "fermat 3", (), "unsat", [x > 0, y > 0, w > 0, x * x * x + y * y * y == w * w * w]
     )
-    r = check.solve(hard, timeout_ms=50)
+    r = solver.solve(hard, timeout_ms=50)
     assert not r.ok and r.answer == "unknown"
     assert "FAIL" in r.detail[0]
     # each seed was tried before giving up, and an unknown from all of them still fails
-    assert len(check.RETRY_SEEDS) == 2
-    assert all(f"with seed {seed}" in r.detail[0] for seed in check.RETRY_SEEDS), r.detail
+    assert len(solver.RETRY_SEEDS) == 2
+    assert all(f"with seed {seed}" in r.detail[0] for seed in solver.RETRY_SEEDS), r.detail
 
 
 def test_counterexamples_are_found_and_printed() -> None:
@@ -329,8 +329,8 @@ def test_every_deleted_row_fails_an_obligation_of_its_transition(
     obs = check.select(check.all_obligations("lease"), None, "lease")
     name = LEASE_INPUTS[row[1]]
     mine = [o for o in obs if o.label.split(" ")[-1] == name or o.label == f"{name} enabled"]
-    check.configure()
-    failed = [o.label for o in mine if not check.solve(o).ok]
+    solver.configure()
+    failed = [o.label for o in mine if not solver.solve(o).ok]
     assert failed, f"deleting {row} fails no obligation of {name}"
 
 

@@ -298,10 +298,10 @@ def test_a_path_that_raises_does_not_hide_the_others(monkeypatch: pytest.MonkeyP
     assert [o.crashed for o in obs] == [False, True]
     import io
 
-    from leaseproto.proofs import check
+    from leaseproto.proofs import solver
 
-    assert check.discharge(obs, io.StringIO()) == 2
-    assert check.LAST_RUN["crashed"] == 1  # one failed by behaviour, one by the raise
+    assert solver.discharge(obs, io.StringIO()) == 2
+    assert solver.LAST_RUN["crashed"] == 1  # one failed by behaviour, one by the raise
 
 
 def test_a_queue_that_miscounts_its_stale_entries_fails_L15(

@@ -54,16 +54,16 @@ def test_staged_readers_ignored_at_grant_fails(monkeypatch: pytest.MonkeyPatch) 
 
 def test_a_failure_from_a_raise_counts_as_a_crash() -> None:
     """The mutation run's proofs layer tells a failed obligation from a crash by
-    ``check.LAST_RUN`` (tools/mutation_layers.py)."""
+    ``solver.LAST_RUN`` (tools/mutation_layers.py)."""
     import io
 
     import z3
 
-    from proofs import check
+    from proofs import solver
 
-    crash = check.Obligation("s", "raised", (), "unsat", [z3.BoolVal(True)], crashed=True)
-    wrong = check.Obligation("s", "refuted", (), "unsat", [z3.BoolVal(True)])
-    assert check.discharge([crash], io.StringIO()) == 1
-    assert check.LAST_RUN == {"failed": 1, "crashed": 1, "unknown": 0}
-    assert check.discharge([crash, wrong], io.StringIO()) == 2
-    assert check.LAST_RUN == {"failed": 2, "crashed": 1, "unknown": 0}
+    crash = solver.Obligation("s", "raised", (), "unsat", [z3.BoolVal(True)], crashed=True)
+    wrong = solver.Obligation("s", "refuted", (), "unsat", [z3.BoolVal(True)])
+    assert solver.discharge([crash], io.StringIO()) == 1
+    assert solver.LAST_RUN == {"failed": 1, "crashed": 1, "unknown": 0}
+    assert solver.discharge([crash, wrong], io.StringIO()) == 2
+    assert solver.LAST_RUN == {"failed": 2, "crashed": 1, "unknown": 0}

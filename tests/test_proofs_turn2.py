@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 
 import pytest
-from leaseproto.proofs import check, timing_turn2
+from leaseproto.proofs import check, solver, timing_turn2
 
 from leaseproto.core import rules
 
@@ -69,4 +69,4 @@ def test_the_naive_refutation_fails_when_the_variant_is_made_safe() -> None:
             )
         ]
     )
-    assert not check.solve(safe[0]).ok
+    assert not solver.solve(safe[0]).ok

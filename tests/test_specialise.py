@@ -32,7 +32,8 @@ from leaseproto.core import rules as R
 from leaseproto.core.lease import Lease
 
 z3 = pytest.importorskip("z3")
-from leaseproto.proofs import check, loops  # noqa: E402
+from leaseproto.proofs import loops, solver  # noqa: E402
+from leaseproto.proofs.code_runs import loop_obligations  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CORE = ROOT / "leaseproto" / "core"
@@ -42,8 +43,8 @@ def _run_loops(only: str = "") -> tuple[int, str]:
     """Discharge the L14 obligations whose label contains ``only``: (how many failed,
     what ``prove`` prints for them)."""
     buf = io.StringIO()
-    check.configure()
-    failed = check.discharge(check.loop_obligations(only), buf)
+    solver.configure()
+    failed = solver.discharge(loop_obligations(only), buf)
     return failed, buf.getvalue()
 
 

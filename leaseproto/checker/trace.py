@@ -15,7 +15,7 @@ one run and checks:
   and, on one host (the same boot id, so one monotonic clock), not before it
   was sent. Senders without a trace (a test's injector) are counted, not
   checked;
-* each decode rank (I13): it used what it read only after ``OK`` for that
+* each decode rank (I13, :mod:`.trace_reads`): it used what it read only after ``OK`` for that
   request from every P agent it read from that gives verdicts -- its trace
   says so, or the agent greeted this rank (``OK:leaseproto/1``): once it
   has, no request makes the rank use its reads unverified (spec §7.4) --
@@ -34,177 +34,25 @@ transition explains and the invariant's id.
 
 from __future__ import annotations
 
-import json
 import time
-from collections import Counter, defaultdict, deque
+from collections import defaultdict, deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from ..core import wire
 from ..core.errors import LeaseProtocolError
-from ..core.rules import GRANTED
-from ..core.state import LeaseState
-from .trace_push import check_push_events, push_use
-from .trace_rules import Event, PrefillReplay, Violation
-from .trace_timing import DEFAULT_SLACK, Timing, check_timing
-from .trace_verdicts import Verdicts, verdict_delays
+from .trace_events import Event, Violation
+from .trace_files import TraceError, TraceFile, load
+from .trace_push import check_push_events
+from .trace_reads import _decode
+from .trace_report import Report
+from .trace_rules import PrefillReplay
+from .trace_timing import DEFAULT_SLACK, check_timing
+from .trace_verdicts import verdict_delays
 
 __all__ = ["Report", "TraceError", "TraceFile", "check_files", "check_traces", "load"]
 
 #: Slack for comparing two processes' readings of one monotonic clock, seconds.
 CLOCK_SLACK = 1e-3
-
-
-class TraceError(ValueError):
-    """A file that is not a trace (no header, a line that is not JSON)."""
-
-
-@dataclass
-class TraceFile:
-    """One worker's trace: its header, its events in order, and whether it
-    ended cleanly (an ``end`` line; a killed worker's trace has none)."""
-
-    path: str
-    header: dict[str, Any]
-    events: list[Event]
-    complete: bool
-    #: lines that are not events (not JSON, not an object with ``ev``), as violations
-    bad: list[Violation] = field(default_factory=list)
-
-    @property
-    def agent(self) -> str:
-        return str(self.header.get("agent", ""))
-
-    @property
-    def role(self) -> str:
-        return str(self.header.get("role", ""))
-
-
-@dataclass
-class Report:
-    """What :func:`check_files` found."""
-
-    files: int = 0
-    events: int = 0
-    leases: int = 0
-    releases: int = 0
-    matched: int = 0
-    external: int = 0
-    uses: int = 0
-    recomputes: int = 0
-    prefix_uses: int = 0
-    push_uses: int = 0
-    cut: int = 0
-    seconds: float = 0.0
-    violations: list[Violation] = field(default_factory=list)
-    #: I8 and I11 (:mod:`.trace_timing`): violations only with ``timing=True``
-    timing: Timing = field(default_factory=Timing)
-    #: how long verified reads waited for their verdicts (:mod:`.trace_verdicts`)
-    verdicts: Verdicts = field(default_factory=Verdicts)
-
-    @property
-    def ok(self) -> bool:
-        return not self.violations
-
-    def first(self) -> Violation | None:
-        """The earliest violation (by the monotonic clock, then file order)."""
-        return min(
-            self.violations, key=lambda v: (v.event.t, v.event.path, v.event.line), default=None
-        )
-
-    def summary(self) -> str:
-        status = "ok" if self.ok else f"{len(self.violations)} violation(s)"
-        return (
-            f"check-trace: {status}: {self.events} events in {self.files} files "
-            f"({self.cut} cut short), {self.leases} leases granted, {self.releases} released, "
-            f"{self.matched} notifications matched to their sends ({self.external} from "
-            f"untraced agents), {self.uses} reads used ({self.prefix_uses} turn-2 prefixes, "
-            f"I14; {self.push_uses} pushed KV, I15), {self.recomputes} prefixes recomputed; "
-            f"{self.seconds:.3f} s\n"
-            f"{self.timing.summary()}\n"
-            f"{self.verdicts.summary()}"
-        )
-
-    def as_dict(self) -> dict[str, Any]:
-        first = self.first()
-        return {
-            "ok": self.ok,
-            "files": self.files,
-            "events": self.events,
-            "cut": self.cut,
-            "leases": self.leases,
-            "releases": self.releases,
-            "matched": self.matched,
-            "external": self.external,
-            "uses": self.uses,
-            "prefix_uses": self.prefix_uses,
-            "push_uses": self.push_uses,
-            "recomputes": self.recomputes,
-            "timing": self.timing.as_dict(),
-            "verdicts": self.verdicts.as_dict(),
-            "seconds": self.seconds,
-            "violations": len(self.violations),
-            "by_invariant": dict(Counter(v.invariant for v in self.violations)),
-            "first": None if first is None else str(first),
-            "invariant": None if first is None else first.invariant,
-        }
-
-
-def load(path: str | Path) -> TraceFile:
-    """Read one trace. A last line cut off mid-write (a killed worker) is dropped;
-    any other line that is not an event is kept as a ``format`` violation naming
-    it (:attr:`TraceFile.bad`).
-
-    Raises:
-        OSError: it cannot be read.
-        TraceError: it is not a trace (its first line is not a trace header).
-    """
-    name = str(path)
-    raw = Path(path).read_text(encoding="ascii", errors="replace")
-    lines = raw.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    elif lines:
-        lines.pop()  # no newline after it: written only in part
-    events: list[Event] = []
-    bad: list[Violation] = []
-    for i, line in enumerate(lines, 1):
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            if i == 1:
-                raise TraceError(f"{name}:{i}: not JSON: {exc}") from exc
-            bad.append(Violation("format", Event(name, i, {}), f"not JSON: {exc}"))
-            continue
-        if not isinstance(obj, dict) or "ev" not in obj:
-            if i == 1:
-                raise TraceError(f"{name}:{i}: not a trace event")
-            bad.append(Violation("format", Event(name, i, {}), "not a trace event"))
-            continue
-        if "data" in obj and not _latin1(obj["data"]):  # the writer's bytes, one char each
-            why = f"data is not a string of bytes (latin-1): {obj['data']!r:.80}"
-            bad.append(Violation("format", Event(name, i, {}), why))
-            continue
-        events.append(Event(name, i, obj))
-    if not events or events[0].ev != "header" or events[0].line != 1:
-        raise TraceError(f"{name}: no trace header (is it a --trace file?)")
-    header = events[0].obj
-    complete = events[-1].ev == "end"
-    return TraceFile(name, header, events[1:], complete, bad)
-
-
-def _latin1(data: object) -> bool:
-    """Whether ``data`` is what a trace writes for bytes: a string of code points
-    below 256 (:meth:`~.trace_rules.Event.data` encodes it back)."""
-    if not isinstance(data, str):
-        return False
-    try:
-        data.encode("latin-1")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _sends(
@@ -262,137 +110,10 @@ def _network(traces: list[TraceFile], report: Report) -> None:
             report.matched += 1
 
 
-def _verifying(tf: TraceFile | None) -> bool:
-    """Whether a P agent's trace says it answers transfer-dones with verdicts."""
-    return tf is not None and tf.header.get("policy", "lease") == "lease"
-
-
-def _ended_read(
-    tf: TraceFile, remote: str, sources: set[str], replays: dict[str, PrefillReplay]
-) -> str | None:
-    """A P agent of ``sources`` whose lease of ``remote`` had ended when it
-    handled this rank's transfer-done, and how (I13's first half), or None."""
-    for a in sorted(sources):
-        replay = replays.get(a)
-        state = None if replay is None else replay.read_state.get((tf.agent, remote))
-        if state is not None and state != GRANTED:
-            return f"{a} ({LeaseState(state).name})"
-    return None
-
-
 def _grantor(tf: TraceFile) -> bool:
     """A trace holding leases in its own table: P's, or any trace with ``grant``
     events (D's cached turns and push registrations, spec §2.8)."""
     return tf.role == "prefill" or any(e.ev == "grant" for e in tf.events)
-
-
-#: the invariant a reader's ``use`` of each kind is checked against (spec §2.8)
-USE_KINDS = {"decode": "I13", "prefix": "I14", "push": "I15"}
-RECOMPUTE_REASONS = frozenset({"nack", "timeout", "lost", "gate"})
-
-
-def _decode(
-    tf: TraceFile,
-    by_agent: dict[str, TraceFile],
-    replays: dict[str, PrefillReplay],
-    report: Report,
-) -> None:
-    """I13 on one decode rank: a read is used only after every OK it waits for,
-    and never when its lease had ended as P handled its transfer-done."""
-    read_from: dict[str, set[str]] = defaultdict(set)
-    oks: set[tuple[str, str]] = set()
-    greeted: set[str] = set()  # P agents that answered this rank's hello
-    verify = bool(tf.header.get("verify_reads", True)) and tf.header.get("policy") == "lease"
-    for e in tf.events:
-        if e.ev == "read":
-            try:
-                done = wire.decode(e.data())
-            except wire.MalformedMessage:
-                continue
-            if isinstance(done, wire.TransferDone):
-                read_from[done.req_id].add(str(e.obj.get("to")))
-        elif e.ev == "recv":
-            try:
-                msg = wire.decode(e.data())
-            except wire.MalformedMessage:
-                continue
-            if isinstance(msg, wire.Ok) and msg.req_id == wire.CAPABILITY:
-                greeted.add(str(e.obj.get("src")))
-            elif isinstance(msg, wire.Ok):
-                oks.add((str(e.obj.get("src")), msg.req_id))
-        elif e.ev == "recompute":
-            report.recomputes += 1
-            if "req" not in e.obj or e.obj.get("reason") not in RECOMPUTE_REASONS:
-                report.violations.append(
-                    Violation(
-                        "format",
-                        e,
-                        f"a recompute event without req or a reason in {sorted(RECOMPUTE_REASONS)}",
-                    )
-                )
-        elif e.ev == "use":
-            report.uses += 1
-            remote = str(e.obj.get("remote"))
-            inv = USE_KINDS.get(str(e.obj.get("kind", "decode")))
-            if inv is None:
-                report.violations.append(
-                    Violation("format", e, f"a use of kind {e.obj.get('kind')!r}")
-                )
-                continue
-            report.prefix_uses += inv == "I14"
-            if inv == "I15":
-                report.push_uses += 1
-                if (bad := push_use(tf.events, e, remote, replays.get(tf.agent))) is not None:
-                    report.violations.append(Violation(inv, e, bad))
-                continue
-            got = e.obj.get("ok_from", [])
-            if not isinstance(got, list):
-                report.violations.append(
-                    Violation("format", e, "a use event whose ok_from is not a list")
-                )
-                continue
-            ok_from = {str(a) for a in got}
-            sources = read_from.get(remote, set())
-            missing = sorted(a for a in ok_from if (a, remote) not in oks)
-            if missing:
-                report.violations.append(
-                    Violation(inv, e, f"used the read of {remote} before OK from {missing[0]}")
-                )
-            elif not sources:
-                report.violations.append(Violation(inv, e, f"used {remote}, never read"))
-            elif ok_from - sources:
-                report.violations.append(
-                    Violation(
-                        inv,
-                        e,
-                        f"used the read of {remote} on an OK from {sorted(ok_from - sources)[0]}, "
-                        "which it did not read it from",
-                    )
-                )
-            elif (ended := _ended_read(tf, remote, sources, replays)) is not None:
-                report.violations.append(
-                    Violation(
-                        inv,
-                        e,
-                        f"used the read of {remote}, whose lease had ended when "
-                        f"{'D' if inv == 'I14' else 'P'} handled its transfer-done: {ended}",
-                    )
-                )
-            else:
-                unverified = sorted(
-                    a
-                    for a in sources - ok_from
-                    if verify and (a in greeted or _verifying(by_agent.get(a)))
-                )
-                if unverified:
-                    report.violations.append(
-                        Violation(
-                            inv,
-                            e,
-                            f"used the read of {remote} from {unverified[0]}, which gives "
-                            "verdicts, without waiting for its OK",
-                        )
-                    )
 
 
 def check_traces(

@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 from ..core import wire
 from ..core.rules import GRANTED
 from ..core.state import LeaseState
-from .trace_rules import Event, PrefillReplay, Violation
+from .trace_events import Event, Violation
+from .trace_rules import PrefillReplay
 
 __all__ = ["check_push_events", "push_use"]
 

@@ -56,16 +56,12 @@ from ..core.config import LeaseConfig
 from ..core.events import LateTransfer, Release, ReleaseReason, TransferCounted
 from ..core.state import TRANSITIONS, Input, LeaseState
 from .naive import NaiveLeaseTable
+from .trace_events import HELLO, Event, Violation, _reader_sends, _reader_side, _release_of
 
-__all__ = ["Event", "PrefillReplay", "Violation"]
+__all__ = ["PrefillReplay"]
 
 #: Slack for a deadline rebuilt from a logged duration (``(d - now) + now``).
 EPS = 1e-6
-
-#: D's hello in the vLLM connector (its agent metadata follows): D reads verdicts
-HELLO = (wire.CAPABILITY + ",hello,").encode()
-#: vLLM's push registration (a msgpack dict follows), D -> P
-PUSH_REG = b"PUSH_REG:"
 
 _STATE_OF = {
     ReleaseReason.TRANSFERRED: LeaseState.TRANSFERRED,
@@ -74,56 +70,11 @@ _STATE_OF = {
 }
 
 
-@dataclass(frozen=True)
-class Event:
-    """One line of a trace: where it is, and what it says."""
-
-    path: str
-    line: int
-    obj: dict[str, Any]
-
-    @property
-    def ev(self) -> str:
-        return str(self.obj.get("ev"))
-
-    @property
-    def t(self) -> float:
-        """The worker's monotonic clock at the event (0 when unreadable)."""
-        t = self.obj.get("t", 0.0)
-        return float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else 0.0
-
-    def data(self) -> bytes:
-        return str(self.obj.get("data", "")).encode("latin-1")
-
-
-@dataclass(frozen=True)
-class Violation:
-    """The first thing about an event that no legal transition explains."""
-
-    invariant: str
-    event: Event
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.event.path}:{self.event.line}: {self.invariant}: {self.message}"
-
-
 @dataclass
 class _Ghost:
     state: int
     deadline: float
     granted_at: float
-
-
-def _release_of(obj: dict[str, Any]) -> Release:
-    return Release(
-        str(obj["req"]),
-        ReleaseReason(obj["reason"]),
-        float(obj["at"]),
-        granted_at=float(obj["granted_at"]),
-        deadline=float(obj["deadline"]),
-        last_renewal=None if obj.get("last_renewal") is None else float(obj["last_renewal"]),
-    )
 
 
 class PrefillReplay:
@@ -465,26 +416,3 @@ class PrefillReplay:
                 return
         if not self._match(("send", to, data)):
             self._fail("I13", e, f"sent {data!r} to {to}, which nothing P handled calls for")
-
-
-def _reader_sends(data: bytes) -> bool:
-    """What a reader sends (a hello, heartbeat, transfer-done or abort), or a push
-    registration (vLLM's ``PUSH_REG:``, which announces D's grant): never an
-    output of a grant table, so a process that also reads sends them (spec §2.8)."""
-    if data.startswith(HELLO) or data.startswith(PUSH_REG):
-        return True
-    try:
-        msg = wire.decode(data)
-    except wire.MalformedMessage:
-        return False
-    return isinstance(msg, (wire.Heartbeat, wire.TransferDone, wire.Abort))
-
-
-def _reader_side(data: bytes) -> bool:
-    """A verdict or lease-lost: what a grantor sends, handled by the reader side of
-    the process that received it, never by its grant table (spec §2.8)."""
-    try:
-        msg = wire.decode(data)
-    except wire.MalformedMessage:
-        return False
-    return isinstance(msg, (wire.Ok, wire.Nack, wire.LeaseLost))

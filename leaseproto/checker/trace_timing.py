@@ -28,11 +28,11 @@ from typing import Any, Protocol
 from ..core import wire
 from ..core.config import LeaseConfig
 from ..core.errors import LeaseProtocolError
-from .trace_rules import Event, Violation
+from .trace_events import Event, Violation
 
 
 class TraceFile(Protocol):
-    """What these checks read of a :class:`.trace.TraceFile` (not imported: it imports us)."""
+    """What these checks read of a :class:`.trace_files.TraceFile`."""
 
     @property
     def agent(self) -> str: ...

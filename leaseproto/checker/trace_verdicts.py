@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core import wire
-from .trace_rules import Event
+from .trace_events import Event
 from .trace_timing import TraceFile, trace_config
 
 __all__ = ["Verdicts", "verdict_delays"]
