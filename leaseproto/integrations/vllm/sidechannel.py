@@ -59,7 +59,7 @@ class SideChannelCheck:
         listener = getattr(self, "_nixl_handshake_listener_t", _MISSING)
         host = getattr(self, "side_channel_host", _MISSING)
         port = getattr(self, "side_channel_port", _MISSING)
-        if _MISSING in (listener, host, port):
+        if listener is _MISSING or host is _MISSING or port is _MISSING:
             if type(self) not in _warned:
                 _warned.add(type(self))
                 logger.warning(
