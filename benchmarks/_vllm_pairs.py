@@ -37,6 +37,15 @@ def post(port: int, body: dict[str, Any], timeout: float = 600.0) -> dict[str, A
         return out
 
 
+def references(port: int, n: int, max_tokens: int) -> dict[int, str]:
+    """Prompts ``0..n-1`` completed greedily by the server on ``port`` (a P serving alone):
+    what a P/D pair must answer for each."""
+    body = {"max_tokens": max_tokens, "model": "m", "temperature": 0}
+    return {
+        i: str(post(port, {**body, "prompt": prompt(i)})["choices"][0]["text"]) for i in range(n)
+    }
+
+
 def metrics(port: int) -> dict[str, float]:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from _vllm_latency import PREFILL, completion, d_leg_rounds, summarise
-from _vllm_pairs import PAIRS, metrics, post, prompt, server
+from _vllm_pairs import PAIRS, metrics, post, prompt, references, server
 from _vllm_server import LEASE, Server
 from _vllm_stall import STALL_S, Watchdog
 from _vllm_traces import validate
@@ -46,15 +46,7 @@ def run_pair(name: str, model: Path, logs: Path, n: int, max_tokens: int) -> dic
     try:
         p.wait_up()
         d.wait_up()
-        ref = {
-            i: str(
-                post(
-                    p.port,
-                    {"model": "m", "prompt": prompt(i), "max_tokens": max_tokens, "temperature": 0},
-                )["choices"][0]["text"]
-            )
-            for i in range(n)
-        }
+        ref = references(p.port, n, max_tokens)
         for phase in ("surge", "stall", "kill"):
             before_p, before_d = metrics(p.port), metrics(d.port)
             results: dict[int, str | None] = {}

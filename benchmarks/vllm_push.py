@@ -34,7 +34,7 @@ from typing import Any
 
 from _common import machine, table
 from _reaper import die_with_parent
-from _vllm_pairs import SHAPE, metrics, post, prompt
+from _vllm_pairs import SHAPE, metrics, post, prompt, references
 from _vllm_server import LEASE, Server
 from _vllm_traces import report_traces, validate
 
@@ -115,15 +115,7 @@ def run_pair(name: str, model: Path, logs: Path, n: int, max_tokens: int, *, tim
     try:
         p.wait_up()
         d.wait_up()
-        ref = {
-            i: str(
-                post(
-                    p.port,
-                    {"model": "m", "prompt": prompt(i), "max_tokens": max_tokens, "temperature": 0},
-                )["choices"][0]["text"]
-            )
-            for i in range(n)
-        }
+        ref = references(p.port, n, max_tokens)
         before_p, before_d = metrics(p.port), metrics(d.port)
         results: dict[int, str | None] = {}
         started = time.monotonic()
