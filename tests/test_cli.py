@@ -10,6 +10,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -192,13 +193,24 @@ def test_prove_without_z3_names_the_prove_extra() -> None:
     assert "leaseproto[test]" not in r.stderr
 
 
-def test_prove_labels_each_obligation_once() -> None:
-    pytest.importorskip("z3")
-    from leaseproto.proofs import check
-
-    labels = [(o.system, o.label) for o in check.all_obligations()]
+def test_prove_labels_each_obligation_once(every_obligation: list[Any]) -> None:
+    labels = [(o.system, o.label) for o in every_obligation]
     dupes = sorted({x for x in labels if labels.count(x) > 1})
     assert not dupes, dupes[:5]
+
+
+@pytest.mark.parametrize("only", ["L14", "I9", "I17", "I99"])  # none builds L15 or L16
+def test_prove_only_builds_what_it_keeps(only: str, every_obligation: list[Any]) -> None:
+    """``--only`` skips building the code runs whose obligations do not name it, and
+    keeps exactly what it kept when everything was built."""
+    from leaseproto.proofs import check
+
+    def labels(obs: list[Any]) -> list[tuple[str, str]]:
+        return [(o.system, o.label) for o in obs]
+
+    assert labels(check.select(check.all_obligations(only=only), only)) == labels(
+        check.select(every_obligation, only)
+    )
 
 
 # -- other commands ---------------------------------------------------------------------

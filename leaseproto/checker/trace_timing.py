@@ -23,26 +23,13 @@ from __future__ import annotations
 from collections import defaultdict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from ..core import wire
 from ..core.config import LeaseConfig
 from ..core.errors import LeaseProtocolError
 from .trace_events import Event, Violation
-
-
-class TraceFile(Protocol):
-    """What these checks read of a :class:`.trace_files.TraceFile`."""
-
-    @property
-    def agent(self) -> str: ...
-    @property
-    def role(self) -> str: ...
-    @property
-    def header(self) -> dict[str, Any]: ...
-    @property
-    def events(self) -> list[Event]: ...
-
+from .trace_files import TraceFile
 
 __all__ = ["DEFAULT_SLACK", "Timing", "check_timing"]
 

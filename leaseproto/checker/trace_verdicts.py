@@ -29,7 +29,8 @@ from typing import Any
 
 from ..core import wire
 from .trace_events import Event
-from .trace_timing import TraceFile, trace_config
+from .trace_files import TraceFile
+from .trace_timing import trace_config
 
 __all__ = ["Verdicts", "verdict_delays"]
 
