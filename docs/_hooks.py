@@ -41,6 +41,7 @@ API: dict[str, tuple[str, tuple[str, ...]]] = {
             "leaseproto.core.clock",
             "leaseproto.core.push",
             "leaseproto.core.wire",
+            "leaseproto.core.wire_ids",
             "leaseproto.core.peer",
             "leaseproto.core.events",
             "leaseproto.core.errors",

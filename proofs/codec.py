@@ -1,17 +1,18 @@
 """Lemma L17: the wire codec is the grammar of spec §3.6, on every input of a bounded set.
 
-``core/wire.py`` (with ``checks.check_wire_id``) is run on every input built from a
-small alphabet of the grammar's edge cases (empty, reserved stems and prefixes, each
-class of forbidden character, ``:`` and ``,`` placements, multibyte and invalid
-UTF-8, the longest id and one byte more, counts at and past each bound and in other
-digit forms, every reason and a wrong one), and compared with the naive codec
-written from the spec's text (:mod:`leaseproto.checker.naive_wire`): which ids are
-valid and which fit ``max_id_bytes``; the bytes of every encoder or its refusal;
-what ``decode`` makes of every payload the encoders produce, every cut and splice of
-them and every hand-made malformed one (the same message, or ``MalformedMessage``
-exactly when the grammar has no parse); the heartbeat split of every list of up to
-three ids at every size from no room to one message; the verdict (I13) for every
-kind of transfer-done result; the advisory lease-lost answer.
+``core/wire.py`` (with the id rules of ``core/wire_ids.py``, which it re-exports, and
+``checks.check_wire_id``) is run on every input built from a small alphabet of the
+grammar's edge cases (empty, reserved stems and prefixes, each class of forbidden
+character, ``:`` and ``,`` placements, multibyte and invalid UTF-8, the longest id and
+one byte more, counts at and past each bound and in other digit forms, every reason and
+a wrong one), and compared with the naive codec written from the spec's text
+(:mod:`leaseproto.checker.naive_wire`): which ids are valid and which fit
+``max_id_bytes``; the bytes of every encoder or its refusal; what ``decode`` makes of
+every payload the encoders produce, every cut and splice of them and every hand-made
+malformed one (the same message, or ``MalformedMessage`` exactly when the grammar has no
+parse); the heartbeat split of every list of up to three ids at every size from no room
+to one message; the verdict (I13) for every kind of transfer-done result; the advisory
+lease-lost answer.
 
 This is exhaustive over the set, not over all inputs: a codec that is wrong only on
 inputs built from none of these cases passes. The set is small enough that the
@@ -29,6 +30,7 @@ import z3
 
 from leaseproto.checker import naive_wire as N
 from leaseproto.core import wire as W
+from leaseproto.core import wire_ids
 from leaseproto.core.checks import check_wire_id
 from leaseproto.core.errors import LocalProtocolError
 from leaseproto.core.events import LateTransfer, Release, ReleaseReason, TransferCounted
@@ -148,18 +150,18 @@ def _ids() -> Check:
     m = _Mismatches()
     for rid in IDS:
         ok = N.id_ok(rid)
-        problem = _outcome((), W.id_problem, rid)
+        problem = _outcome((), wire_ids.id_problem, rid)
         m.same(
             f"id_problem({rid!r})", problem if isinstance(problem, Raised) else problem is None, ok
         )
         m.same(
             f"check_id({rid!r})",
-            _outcome(ValueError, W.check_id, rid),
+            _outcome(ValueError, wire_ids.check_id, rid),
             (rid.encode() if ok else "ValueError"),
         )
         for size in SIZES:
             fits = ok and len(rid.encode()) <= size
-            plain = _outcome((), W.plain_id, rid, size)
+            plain = _outcome((), wire_ids.plain_id, rid, size)
             m.same(f"plain_id({rid!r}, {size})", plain, _plain(rid, size))
             if plain is True and not fits:  # a sufficient check: never a wrong yes
                 m.same(f"plain_id({rid!r}, {size}) of an id that does not fit", True, False)

@@ -18,7 +18,7 @@ MODULES = sorted(p.stem for p in CORE.glob("*.py") if p.stem != "__init__")
 INTERNAL = {
     "renewal": {"renew_ids", "renew_capped"},
     "table": {"expire_end"},
-    "wire": {"id_problem"},
+    "wire_ids": {"id_problem"},
 }
 
 

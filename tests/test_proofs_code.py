@@ -18,6 +18,7 @@ from leaseproto.core import peer as peer_mod
 from leaseproto.core import rules as R
 from leaseproto.core import tracker as tracker_mod
 from leaseproto.core import wire as wire_mod
+from leaseproto.core import wire_ids as wire_ids_mod
 from proofs import codec, settings, structures, tracking, units
 
 
@@ -187,8 +188,8 @@ def test_a_heartbeat_one_byte_over_fails_L17(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_an_id_equal_to_a_stem_accepted_fails_L17(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = wire_mod.id_problem
-    monkeypatch.setattr(wire_mod, "id_problem", lambda rid: None if rid == "OK" else real(rid))
+    real = wire_ids_mod.id_problem
+    monkeypatch.setattr(wire_ids_mod, "id_problem", lambda rid: None if rid == "OK" else real(rid))
     assert _failing(codec, "request ids")
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 CORE = ROOT / "leaseproto" / "core"
 #: every core module with code; those in SAMPLED are sampled (``--sample``)
-SAMPLED = ("table.py", "wire.py", "config.py")
+SAMPLED = ("table.py", "wire.py", "wire_ids.py", "config.py")
 MODULES = (
     "rules.py",
     "state.py",

@@ -4,8 +4,8 @@ and the proofs kill, each on its own?
     nice -n 10 python tools/mutation_run.py --jobs 2 --out mutation.jsonl
     python tools/mutation_run.py --report mutation.jsonl      # the figures again (also .jsonl.gz)
 
-The mutants are those of tools/mutants.py (every core module; table, wire
-and config sampled at ``--sample``). Three layers judge each
+The mutants are those of tools/mutants.py (every core module; table, wire,
+wire_ids and config sampled at ``--sample``). Three layers judge each
 one, each in a process of its own forked from this one (pytest, hypothesis and
 z3 already imported; the mutated module is served from memory by an import hook,
 so nothing is copied and nothing on disk changes; tools/mutation_layers.py):

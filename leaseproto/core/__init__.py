@@ -16,7 +16,8 @@ outside it, nor any module that reads a clock or touches the outside world
 - :mod:`.push`: :class:`PushRegistrations`, D's use and quarantine decisions for
   push registrations (I15).
 - :mod:`.wire`: the notification formats (vLLM's and ours) and the verdict rule's
-  message (:func:`~leaseproto.core.wire.verdict`, I13).
+  message (:func:`~leaseproto.core.wire.verdict`, I13); :mod:`.wire_ids` which
+  request ids may go on the wire and the message prefixes they may not begin with.
 - :mod:`.mac`, :mod:`.mac_peers`: the cluster key's sealed frames (HMAC-SHA256,
   anti-replay window) and one agent's connections under it (spec §3.6, §10.3).
 - :mod:`.events`, :mod:`.errors`: what the core returns and raises; :mod:`.checks`

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from .errors import LocalProtocolError
-from .wire import id_problem, plain_id
+from .wire_ids import id_problem, plain_id
 
 __all__ = [
     "FIRST_NOW",

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from . import rules as R
 from .config import LeaseConfig
 from .lease import Lease
-from .wire import id_problem
+from .wire_ids import id_problem
 
 __all__ = ["Renewals"]  # and the loops, for proofs/loops.py
 

@@ -25,7 +25,7 @@ from . import wire
 from .checks import FIRST_NOW, advance, check_wire_id
 from .config import LeaseConfig
 from .errors import LocalProtocolError
-from .wire import plain_id
+from .wire_ids import plain_id
 
 __all__ = ["HeartbeatTracker", "TrackerStats"]
 

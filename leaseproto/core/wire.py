@@ -20,13 +20,17 @@ that advertised :data:`CAPABILITY`:
 :func:`decode` returns a typed message or raises :class:`MalformedMessage`
 and nothing else, whatever the bytes. :func:`verdict` decides the verdict for
 what :meth:`~leaseproto.LeaseTable.transfer_done` returned (invariant I13).
+
+Which request ids may go on the wire (spec §3.3: :func:`check_id`,
+:func:`plain_id`, :data:`MAX_ID_BYTES`) is defined in :mod:`leaseproto.core.wire_ids`,
+with the message prefixes (:data:`HEARTBEAT_PREFIX`...) that no id may begin with;
+this module re-exports them.
 """
 
 from __future__ import annotations
 
 import bisect
 import itertools
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Union
@@ -34,6 +38,19 @@ from typing import Union
 from . import rules as R
 from .errors import LocalProtocolError, RemoteProtocolError
 from .events import LateTransfer, Release, ReleaseReason, TransferCounted
+from .wire_ids import (
+    ABORT_PREFIX,
+    HEARTBEAT_PREFIX,
+    LEASE_LOST_PREFIX,
+    MAX_ID_BYTES,
+    NACK_PREFIX,
+    OK_PREFIX,
+    RESERVED_PREFIXES,
+    _plain_ids,
+    check_id,
+    id_problem,
+    plain_id,
+)
 
 __all__ = [
     "ABORT_PREFIX",
@@ -73,25 +90,6 @@ __all__ = [
 
 #: What a peer advertises to say it understands AB, OK, NK and LL.
 CAPABILITY = "leaseproto/1"
-HEARTBEAT_PREFIX = b"HB:"
-ABORT_PREFIX = b"AB:"
-OK_PREFIX = b"OK:"
-NACK_PREFIX = b"NK:"
-LEASE_LOST_PREFIX = b"LL:"
-RESERVED_PREFIXES = (HEARTBEAT_PREFIX, ABORT_PREFIX, OK_PREFIX, NACK_PREFIX, LEASE_LOST_PREFIX)
-_RESERVED = RESERVED_PREFIXES
-#: C0 control characters and DEL, which no id may contain.
-_CONTROL = re.compile("[\x00-\x1f\x7f]")
-#: Longest request id, in UTF-8 bytes.
-MAX_ID_BYTES = 512
-# The reserved prefixes as text, for _plain_ids; each ends with ":" (checked here), so
-# an id with no ":" is reserved only when it equals a stem ("HB"), two characters long.
-assert all(p.endswith(b":") for p in RESERVED_PREFIXES)
-_RESERVED_TEXT = tuple(p.decode() for p in RESERVED_PREFIXES)
-_STEM_LEN = max(len(p) - 1 for p in RESERVED_PREFIXES)
-#: The bytes _CONTROL matches: in UTF-8 each is one byte and no other character's
-#: encoding contains one, so deleting them from a payload finds any at C speed.
-_CONTROL_BYTES = bytes([*range(0x20), 0x7F])
 #: Largest count a transfer-done may carry.
 MAX_COUNT = 1 << 20
 #: Why a read is refused: the lease had ended (how), or P knows no lease by that id.
@@ -158,82 +156,6 @@ class LeaseLost:
 
 Verdict = Union[Ok, Nack]  # noqa: UP007 - runtime alias, py3.10
 Message = Union[Heartbeat, TransferDone, Abort, Ok, Nack, LeaseLost]  # noqa: UP007
-
-
-def id_problem(req_id: object) -> str | None:
-    """Why ``req_id`` cannot go on the wire, or ``None`` when it can."""
-    if not isinstance(req_id, str):
-        return f"request id must be a str, got {type(req_id).__name__}"
-    if not req_id:
-        return "request id is empty"
-    if "," in req_id:
-        return f"request id {req_id!r} contains ','"
-    if _CONTROL.search(req_id) is not None:
-        return f"request id {req_id!r} contains a control character"
-    try:
-        raw = req_id.encode("utf-8")
-    except UnicodeEncodeError:
-        return f"request id {req_id!r} is not encodable as UTF-8"
-    if len(raw) > MAX_ID_BYTES:
-        return f"request id is {len(raw)} bytes, more than {MAX_ID_BYTES}"
-    if (raw + b":").startswith(_RESERVED):
-        # "HB" is refused too: its transfer-done "HB:1" would read as a heartbeat
-        return f"request id {req_id!r} collides with a reserved prefix"
-    return None
-
-
-def plain_id(req_id: object, max_bytes: int = MAX_ID_BYTES) -> bool:
-    """True only for an id :func:`id_problem` accepts, of at most ``max_bytes``
-    bytes: a quick sufficient check (ASCII, printable, longer than a reserved
-    stem, no ``,``, no reserved prefix) for callers that validate every id they
-    are given; False means "ask :func:`id_problem`", not "invalid"."""
-    return (
-        type(req_id) is str
-        and _STEM_LEN < len(req_id) <= max_bytes
-        and len(req_id) <= MAX_ID_BYTES
-        and req_id.isascii()
-        and req_id.isprintable()
-        and "," not in req_id
-        and (":" not in req_id or not req_id.startswith(_RESERVED_TEXT))
-    )
-
-
-def _plain_ids(data: bytes, text: str, skip: int = len(HEARTBEAT_PREFIX)) -> list[str] | None:
-    """The ids of a heartbeat (``data``, decoded: ``text`` without its prefix)
-    when checks over the whole payload show each passes :func:`id_problem`: no
-    control character, ASCII (so its length is its size, at most
-    :data:`MAX_ID_BYTES`), none empty or as short as a reserved stem, none with a
-    reserved prefix. ``None`` sends the caller to the per-id checks, which decide
-    and word the error exactly as before; ``tests/test_wire.py`` checks both
-    decide alike."""
-    if len(data) - len(text) != skip:  # not ASCII (``skip``: the prefix's bytes in data)
-        return None
-    if len(data.translate(None, _CONTROL_BYTES)) != len(data):
-        return None
-    ids = text.split(",")
-    lens = list(map(len, ids))
-    if min(lens) <= _STEM_LEN or max(lens) > MAX_ID_BYTES:
-        return None
-    if ":" in text:
-        starts = str.startswith
-        for rid in ids:
-            if starts(rid, _RESERVED_TEXT):
-                return None
-    return ids
-
-
-def check_id(req_id: str) -> bytes:
-    """The id's UTF-8 bytes.
-
-    Raises:
-        ValueError: empty, contains ``,`` or a control character, longer than
-            :data:`MAX_ID_BYTES`, or starts with a reserved prefix (``HB:``,
-            ``AB:``, ``OK:``, ``NK:``, ``LL:``) or equals one without its colon.
-    """
-    problem = id_problem(req_id)
-    if problem is not None:
-        raise ValueError(problem)
-    return req_id.encode("utf-8")
 
 
 def encode_heartbeat(ids: Iterable[str], *, max_bytes: int = 4096) -> list[bytes]:
