@@ -59,9 +59,9 @@ def due(calls: int = 20_000) -> Sidesets:
                 for now in todo:
                     vllm_due(s, now)
             else:
-                d = fl.due
+                fd = fl.due
                 for now in todo:
-                    d(now=now)
+                    fd(now=now)
             return (thread_time_ns() - c0) / calls
 
         return side

@@ -20,7 +20,7 @@ import gc
 import sys
 import time
 import tracemalloc
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from _common import load, machine, ratio, table
 
@@ -73,11 +73,11 @@ def burst(live: int, due: int, repeat: int) -> dict[str, float]:
     return best
 
 
-def _retained(build: object) -> int:
+def _retained(build: Callable[[], object]) -> int:
     gc.collect()
     tracemalloc.start()
     base = tracemalloc.get_traced_memory()[0]
-    keep = build()  # type: ignore[operator]
+    keep = build()
     gc.collect()
     size = tracemalloc.get_traced_memory()[0] - base
     tracemalloc.stop()

@@ -223,8 +223,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "taking turns round by round; thread CPU time"
     )
     mac_rows = []
-    for label, mb in (("one id each", None), ("default 4 KiB", 4096), ("small 512 B", 512)):
-        m = measure_mac(ids, mb, args.rounds)
+    for label, mac_mb in (("one id each", None), ("default 4 KiB", 4096), ("small 512 B", 512)):
+        m = measure_mac(ids, mac_mb, args.rounds)
         mac_rows.append(
             [
                 label,

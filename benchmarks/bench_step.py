@@ -35,6 +35,7 @@ import random
 import sys
 from collections.abc import Sequence
 from time import thread_time_ns
+from typing import TypedDict
 
 from _common import load, machine, median, pct, ratio, table, us
 
@@ -135,7 +136,25 @@ def _best(runs: list[list[float]]) -> list[float]:
     return [min(column) for column in zip(*runs, strict=True)]
 
 
-def run_size(n: int, seconds: float, repeat: int) -> dict[str, float]:
+class SizeResult(TypedDict):
+    """One size's results: costs per step in seconds (means; ``p99`` and ``base_p99``
+    the 99th percentiles), and the per-run ratios as ``(min, median, max)``."""
+
+    n: int
+    ids_per_step: float
+    expired: int
+    renew: float
+    expire: float
+    step: float
+    p99: float
+    base_step: float
+    base_renew: float
+    base_p99: float
+    scan_x: tuple[float, float, float]
+    dict_x: tuple[float, float, float]
+
+
+def run_size(n: int, seconds: float, repeat: int) -> SizeResult:
     steps = round(seconds / STEP)
     grants, renews = schedule(n, steps)
     runs: dict[str, list[list[float]]] = {"renew": [], "expire": [], "brenew": [], "bexpire": []}
