@@ -245,7 +245,7 @@ def test_the_checker_drives_the_workers_decisions(monkeypatch: pytest.MonkeyPatc
     workers call them too: one implementation."""
     import inspect
 
-    from leaseproto.workers import decode_follower, decode_leases, decode_reads, prefill_leases
+    from leaseproto.workers import decode_follower, decode_leases, decode_reads, prefill_acts
 
     calls: dict[str, int] = {}
     for name in ("transfer_done", "take_verdict", "lease_lost_answers", "readers_per_p_rank"):
@@ -264,7 +264,7 @@ def test_the_checker_drives_the_workers_decisions(monkeypatch: pytest.MonkeyPatc
         "readers_per_p_rank",
     }, calls
     uses = {
-        prefill_leases: (
+        prefill_acts: (
             "verdicts.transfer_done",
             "verdicts.lease_lost_answers",
             "verdicts.answer",

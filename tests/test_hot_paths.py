@@ -245,7 +245,7 @@ def _worker(fused: bool) -> LeaseGrants:
         notes=_Drops(),  # type: ignore[arg-type]
     )
     if not fused:
-        w._fused_heartbeat = lambda *a: False  # type: ignore[method-assign]
+        w.acts._fused_heartbeat = lambda *a: False  # type: ignore[method-assign]
     return w
 
 
@@ -257,10 +257,10 @@ def _state(w: LeaseGrants) -> Any:
         w.backend.sent,  # type: ignore[attr-defined]
         w.backend.trace.events,  # type: ignore[attr-defined]
         w.drops.dropped,  # type: ignore[attr-defined]
-        (w.heartbeats_received, w.malformed, w.nacks_sent, w.verdicts_sent),
+        (w.acts.heartbeats_received, w.acts.malformed, w.acts.nacks_sent, w.acts.verdicts_sent),
         (m.heartbeats.n, m.heartbeat_ids.n, m.nacks.n, m.malformed.n),
         {k: c.n for k, c in m.refused.items()},
-        w.verdict_readers,
+        w.acts.verdict_readers,
         w.binding.refused,
         {rid: w.binding.bound(rid) for rid in GRANTED},
     )
@@ -296,7 +296,7 @@ def test_the_worker_answers_alike_with_the_fused_path(
     try:
         for k, payload in enumerate(payloads):
             for w in (fast, slow):
-                w._notification(senders[k], payload, 6.0 + 10.0 * k)
+                w.acts.handle(senders[k], payload, 6.0 + 10.0 * k)
     finally:
         log.setLevel(level)
     assert _state(fast) == _state(slow)
@@ -305,10 +305,10 @@ def test_the_worker_answers_alike_with_the_fused_path(
 def test_the_worker_takes_a_plain_heartbeat_the_fused_way() -> None:
     w = _worker(True)
     w.table.grant("req-000", now=0.0)
-    assert w._fused_heartbeat("d1", b"HB:req-000", 7.0)
-    assert w.table.stats.renewed == 1 and w.heartbeats_received == 1
-    assert not w._fused_heartbeat("d1", b"HB:req-000,\x01", 7.0)  # decode words the error
-    assert not w._fused_heartbeat("d1", b"HB:" + wire.CAPABILITY.encode(), 7.0)  # the hello
+    assert w.acts._fused_heartbeat("d1", b"HB:req-000", 7.0)
+    assert w.table.stats.renewed == 1 and w.acts.heartbeats_received == 1
+    assert not w.acts._fused_heartbeat("d1", b"HB:req-000,\x01", 7.0)  # decode words the error
+    assert not w.acts._fused_heartbeat("d1", b"HB:" + wire.CAPABILITY.encode(), 7.0)  # the hello
 
 
 # -- D's encoder: the tracker's ids, checked at track ---------------------------------------

@@ -2,8 +2,9 @@
 processes built on the adapters, serving the toy model
 (:mod:`leaseproto.toymodel`), and what only they use.
 
-- prefill (:mod:`.prefill`): its leases (:mod:`.prefill_leases`), the readers
-  they are bound to (:mod:`.prefill_binding`), its reads of D's cached turns
+- prefill (:mod:`.prefill`): its leases (:mod:`.prefill_leases`), what their
+  readers say and are answered (:mod:`.prefill_acts`), the readers they are
+  bound to (:mod:`.prefill_binding`), its reads of D's cached turns
   (:mod:`.prefill_prefix`);
 - decode rank 0 (:mod:`.decode`), built from parts: the leases it holds at P
   (:mod:`.decode_leases`), which P agents it verifies

@@ -177,8 +177,8 @@ class TurnGrants:
             "turns_cached": self.granted,
             "turn_leases_live": len(g.table),
             "turn_blocks_held": sum(len(b) for b in g.blocks.values()),
-            "turn_verdicts_sent": dict(g.verdicts_sent),
-            "turn_heartbeats_received": g.heartbeats_received,
+            "turn_verdicts_sent": dict(g.acts.verdicts_sent),
+            "turn_heartbeats_received": g.acts.heartbeats_received,
             "turn_acts_refused": dict(g.binding.refused),
             "turn_table": stats_dict(g.table.stats),
         }

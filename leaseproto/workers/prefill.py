@@ -12,7 +12,7 @@ Each turn of the loop (:meth:`PrefillWorker.step`):
    address, block ids, layout, lease time left as a duration, and the
    capability ``leaseproto/1``);
 3. **lease step** (:mod:`.prefill_leases`): NIXL notifications to the core,
-   verdicts back to the readers, then ``expire``.
+   verdicts back to the readers (:mod:`.prefill_acts`), then ``expire``.
 """
 
 from __future__ import annotations
@@ -319,16 +319,16 @@ class PrefillWorker(EngineLoop):
             "leases_live": len(g.table),
             "queued": len(self.queue),
             "since_last_release": (None if g.last_release_at is None else now - g.last_release_at),
-            "nacks_sent": g.nacks_sent,
-            "verdicts_sent": dict(g.verdicts_sent),
-            "verdict_readers": len(g.verdict_readers),
-            "malformed": self.malformed + g.malformed,
+            "nacks_sent": g.acts.nacks_sent,
+            "verdicts_sent": dict(g.acts.verdicts_sent),
+            "verdict_readers": len(g.acts.verdict_readers),
+            "malformed": self.malformed + g.acts.malformed,
             "oversized": self.gate.oversized,
             "unknown_sender": self.gate.unknown_sender,
             "max_notification_in": self.gate.max_bytes,
             "inbox_pending": g.inbox.pending,
             "inbox_overflow": g.inbox.overflow,
-            "heartbeats_received": g.heartbeats_received,
+            "heartbeats_received": g.acts.heartbeats_received,
             "acts_refused": dict(g.binding.refused),
             "agents_heard": len(g.binding.last_heard),
             "agents_forgotten": g.agents_forgotten,

@@ -2,7 +2,7 @@
 
 What a prefill rank answers (spec §8.3-8.4) and what a decode rank does with
 the answers (§7.3-7.4), as plain functions over the core's objects: the
-prefill worker (:mod:`.prefill_leases`) and the decode ranks
+prefill worker (:mod:`.prefill_acts`) and the decode ranks
 (:mod:`.decode_reads`, :mod:`.decode_follower`) call them around their I/O, and
 the model checker (:mod:`leaseproto.checker.glue`) drives the same functions in
 every state it explores, so what it checks is what the workers decide. This
