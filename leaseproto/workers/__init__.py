@@ -10,7 +10,8 @@ processes built on the adapters, serving the toy model
   (:mod:`.decode_leases`), which P agents it verifies
   (:mod:`.decode_verification`), its reads of P (:mod:`.decode_reads`), its
   links to ranks 1.. (:mod:`.decode_fanout`), the cached turns it grants
-  (:mod:`.decode_turns`); one request's path through them is walked in
+  (:mod:`.decode_turns`), the model's tokens and its answers
+  (:mod:`.decode_output`); one request's path through them is walked in
   :mod:`.decode_scheduler`. Ranks 1.. are :mod:`.decode_follower`;
 - router (:mod:`.router`, conversations in :mod:`.conversations`);
 - shared: the loop (:mod:`.loop`), one rank's NIXL, KV pool and model

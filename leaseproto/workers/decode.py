@@ -7,9 +7,10 @@ needs: the leases D holds at P (``leases``, :mod:`.decode_leases`), the P
 agents whose reads it verifies (``verification``, :mod:`.decode_verification`),
 its reads of P (``reads``, :mod:`.decode_reads`), ranks 1.. (``followers``,
 :mod:`.decode_fanout`), the cached turns it grants (``turns``,
-:mod:`.decode_turns`), and the requests themselves (``scheduler``): one
-request's path through D, from its arrival to its answer, is walked in one
-place, :mod:`.decode_scheduler`.
+:mod:`.decode_turns`), the model's tokens and the router's answers
+(``output``, :mod:`.decode_output`), and the requests themselves
+(``scheduler``): one request's path through D, from its arrival to its
+answer, is walked in one place, :mod:`.decode_scheduler`.
 
 One single-threaded loop turn (:meth:`DecodeWorker.step`): wait briefly for
 the request plane (less while a read or a verdict is outstanding), take its
@@ -29,6 +30,7 @@ from ..core.tracker import HeartbeatTracker
 from .backend import KVBackend
 from .decode_fanout import Followers
 from .decode_leases import PLeases
+from .decode_output import Output
 from .decode_reads import PReads
 from .decode_scheduler import DecodeScheduler
 from .decode_state import DecodeOptions, Reporting
@@ -75,10 +77,11 @@ class DecodeWorker(EngineLoop):
         self.reads = PReads(opts, self.backend, self.followers, self.out)
         #: D as a grantor: cached turns under leases P reads (issue 18)
         self.turns = TurnGrants(opts, self.backend, self.gate, self.metrics)
+        #: the model's tokens and the router's answers
+        self.output = Output(opts, self.backend, self.server, self.out, self.turns)
         self.scheduler = DecodeScheduler(
             opts,
             self.backend,
-            self.server,
             self.out,
             self.gate,
             leases=self.leases,
@@ -86,6 +89,7 @@ class DecodeWorker(EngineLoop):
             reads=self.reads,
             followers=self.followers,
             turns=self.turns,
+            output=self.output,
         )
 
     def _request(self, envelope: list[bytes], msg: Msg) -> None:

@@ -5,13 +5,14 @@ set, the index by P's id) and moves each through the parts of the worker
 is :meth:`DecodeScheduler.advance`.
 
 1. **arrival** (:meth:`~DecodeScheduler.intake`): parsed and checked
-   (``Req.from_msg``, the prompt, the cluster key); refused if it contradicts a
-   greeted P agent (``verification.contradiction``) or P's lease settings do
-   not fit ours (``leases.mismatch``). The first request naming a P engine
-   starts the NIXL handshake with its ranks in the background
-   (``leases.engine``, then ``followers.connect``); ``verification.decide``
-   settles whether its reads wait for verdicts. It joins the waiting queue and
-   is heartbeated from now on (``leases.track``), not only once scheduled;
+   (``Req.from_msg``, the prompt, the cluster key), and refused with the
+   reason (``output.refuse``) if that fails, if it contradicts a greeted P
+   agent (``verification.contradiction``) or if P's lease settings do not fit
+   ours (``leases.mismatch``). The first request naming a P engine starts the
+   NIXL handshake with its ranks in the background (``leases.engine``, then
+   ``followers.connect``); ``verification.decide`` settles whether its reads
+   wait for verdicts. It joins the waiting queue and is heartbeated from now
+   on (``leases.track``), not only once scheduled;
 2. **heartbeats** (:meth:`~DecodeScheduler.lease_step`, every turn):
    ``leases.heartbeats`` sends what the tracker says is due to **every** P rank
    of each engine; an engine lost (a failed send, ``leases.peer_lost``) fails
@@ -34,15 +35,15 @@ is :meth:`DecodeScheduler.advance`.
    ``reads.use``, decoding starts from P's first token. ``NK``, no verdict in
    time (``reads.overdue``), a NACK or ``LL`` (``leases.nack``,
    ``leases.lease_lost``), a failed READ or a lost P:
-   :meth:`~DecodeScheduler._kv_lost` discards what was read and recomputes
-   the prompt locally (``on_kv_loss="recompute"``: same model, same tokens) or
-   answers with a clear error (``"error"``); never an uncaught exception, never
-   a hang;
+   :meth:`~DecodeScheduler._kv_lost` discards what was read and
+   (``output.failover``) recomputes the prompt locally (``output.recompute``;
+   ``on_kv_loss="recompute"``: same model, same tokens) or answers with a
+   clear error (``"error"``); never an uncaught exception, never a hang;
 6. **decode, turn cached, answer** (:meth:`~DecodeScheduler.compute`,
-   :meth:`~DecodeScheduler._finish`): the model runs; a conversation's turn
-   keeps its blocks under a lease P can read for the next turn
-   (``turns.keep``); the router gets the tokens, ``recomputed`` and, for a
-   turn, where it is cached.
+   :meth:`~DecodeScheduler._finish`; :mod:`.decode_output`): the model runs
+   (``output.decode``); ``output.answer`` keeps a conversation's turn under a
+   lease P can read for the next turn (``turns.keep``) and gives the router
+   the tokens, ``recomputed`` and, for a turn, where it is cached.
 """
 
 from __future__ import annotations
@@ -58,13 +59,14 @@ from . import verdicts
 from .backend import KVBackend
 from .decode_fanout import Followers
 from .decode_leases import PLeases
+from .decode_output import Output
 from .decode_reads import PReads
 from .decode_state import DecodeOptions, Engine, Reporting, Req
 from .decode_turns import TurnGrants, for_grantor
 from .decode_verification import Verification
 from .keys import key_mismatch
 from .notifications import NotificationGate
-from .plane import Msg, Server
+from .plane import Msg
 
 __all__ = ["DecodeScheduler"]
 
@@ -78,7 +80,6 @@ class DecodeScheduler:
         self,
         opts: DecodeOptions,
         backend: KVBackend,
-        server: Server,
         out: Reporting,
         gate: NotificationGate,
         *,
@@ -87,11 +88,11 @@ class DecodeScheduler:
         reads: PReads,
         followers: Followers,
         turns: TurnGrants,
+        output: Output,
     ) -> None:
-        """``server``: where the answers go; the parts are the worker's."""
+        """The parts are the worker's."""
         self.opts = opts
         self.backend = backend
-        self.server = server
         self.out = out
         self.gate = gate
         self.leases = leases
@@ -99,6 +100,7 @@ class DecodeScheduler:
         self.reads = reads
         self.followers = followers
         self.turns = turns
+        self.output = output
         self.waiting: deque[Req] = deque()
         self.running: dict[str, Req] = {}
         self.by_remote: dict[str, Req] = {}  # P's id -> request (for NACKs and verdicts)
@@ -134,16 +136,16 @@ class DecodeScheduler:
                 raise ValueError(problem)
         except ValueError as exc:
             self.out.malformed(str(exc))
-            self._refuse(envelope, msg.get("req_id"), str(exc))
+            self.output.refuse(envelope, msg.get("req_id"), str(exc))
             return
         if req.req_id in self.running or any(r.req_id == req.req_id for r in self.waiting):
-            self._refuse(envelope, req.req_id, "duplicate request id")
+            self.output.refuse(envelope, req.req_id, "duplicate request id")
             return
         problem = key_mismatch(req.ranks, self.opts.cluster_key)
         if problem is not None:
             self.out.counts["failed"] += 1
             self.out.drops.drop("request of a P engine with another cluster key", problem)
-            self._refuse(envelope, req.req_id, f"refused P engine {req.engine_id}: {problem}")
+            self.output.refuse(envelope, req.req_id, f"refused P engine {req.engine_id}: {problem}")
             return
         problem, gone = self.verification.contradiction(req, now=self._clock())
         for agent in gone:  # a restarted P's old agents
@@ -151,12 +153,12 @@ class DecodeScheduler:
                 self.leases.peer_lost(agent, "gone: a request names another agent for its rank")
             )
         if problem is not None:  # counted and logged there
-            self._refuse(envelope, req.req_id, problem)
+            self.output.refuse(envelope, req.req_id, problem)
             return
         problem = self.leases.mismatch(req)
         if problem is not None and self.opts.lease_mismatch == "refuse":
             self.out.counts["failed"] += 1
-            self._refuse(envelope, req.req_id, f"refused P engine {req.engine_id}: {problem}")
+            self.output.refuse(envelope, req.req_id, f"refused P engine {req.engine_id}: {problem}")
             return
         try:
             engine, new = self.leases.engine(req)
@@ -177,12 +179,6 @@ class DecodeScheduler:
         except LocalProtocolError as exc:  # an id too long for our heartbeats
             self.out.malformed(f"req {req.req_id}: {exc}")
             self._finish(req, ok=False, error=str(exc))
-
-    def _refuse(self, envelope: list[bytes], req_id: object, error: str) -> None:
-        """Answer a ``decode`` request that will not be served."""
-        self.server.reply(
-            envelope, {"op": "decoded", "req_id": req_id, "ok": False, "tokens": [], "error": error}
-        )
 
     # -- 2. heartbeats, and what P and ranks 1.. say --------------------------------------
     def lease_step(self) -> None:
@@ -282,7 +278,7 @@ class DecodeScheduler:
             self.running[req.req_id] = req
             req.blocks = blocks
             if req.recompute or not req.needs_remote_kv:
-                self._recompute(req)
+                self.output.recompute(req)
             elif (problem := self.reads.start(req, now=self._clock())) is not None:
                 self._kv_lost(req, problem, abort=True)
 
@@ -344,16 +340,11 @@ class DecodeScheduler:
         if req.done or not req.needs_remote_kv:
             return  # already failed over (several P ranks may report the same loss)
         self._drop_remote(req, abort=abort)
-        if self.opts.on_kv_loss == "error":
-            self.out.metrics.failovers.labels(action="error").inc()
-            self._finish(req, ok=False, error=f"KV of req {req.req_id} lost: {reason}")
-            return
-        self.out.metrics.failovers.labels(action="recompute").inc()
-        req.recompute = True
-        req.needs_remote_kv = False
-        log.info("req %s will be recomputed locally: %s", req.req_id, reason)
-        if req.req_id in self.running and req.blocks:
-            self._recompute(req)
+        error = self.output.failover(req, reason)
+        if error is not None:
+            self._finish(req, ok=False, error=error)
+        elif req.req_id in self.running and req.blocks:
+            self.output.recompute(req)
 
     def _drop_remote(self, req: Req, *, abort: bool) -> None:
         """Stop heartbeating and reading ``req``'s KV at P (``abort``: tell P)."""
@@ -372,70 +363,18 @@ class DecodeScheduler:
             self._drop_remote(req, abort=True)
         self._finish(req, ok=False, error="aborted by the router")
 
-    def _recompute(self, req: Req) -> None:
-        req.start_token = self.backend.prefill(req.prompt, req.blocks)
-        req.tokens.clear()
-        req.state = "decoding"
-        self.out.counts["recomputed"] += 1
-
     # -- 6. decode, turn cached, answer ---------------------------------------------------
     def compute(self) -> None:
-        """One decode step of the running set. The model produces a request's
-        tokens in one call when its KV is in; the request then holds its slot
-        for one step per further token (``step_time`` each, the modelled
-        forward pass), as a batch member would."""
-        stepped = False
-        for req in list(self.running.values()):
-            if req.state != "decoding":
-                continue
-            if not req.tokens:
-                try:
-                    req.tokens = self.backend.decode(
-                        req.blocks,
-                        req.num_tokens,
-                        req.start_token,
-                        req.max_tokens,
-                        keep=req.cache_turn,
-                    )
-                except (ValueError, IndexError, RuntimeError) as exc:  # never stop the loop
-                    self.out.notes.drop(
-                        "decode failed", f"req {req.req_id}: {exc}", level=logging.ERROR
-                    )
-                    self._finish(req, ok=False, error=f"decode failed: {exc}")
-                    continue
-                req.steps_left = req.max_tokens - 1
-            if req.steps_left > 0:
-                req.steps_left -= 1
-                stepped = True
-            if req.steps_left <= 0:
-                self._finish(req, ok=True)
-        if stepped and self.opts.step_time > 0:
-            time.sleep(self.opts.step_time)  # the modelled forward pass
+        """One decode step of the running set (``output.decode``); each
+        request done is answered."""
+        for req, error in self.output.decode(self.running.values()):
+            self._finish(req, ok=error is None, error=error)
 
     def _finish(self, req: Req, *, ok: bool, error: str | None = None) -> None:
+        """``req`` leaves: no more heartbeats, out of the queues, answered."""
         self.leases.untrack(req.req_id)
         if req.req_id in self.running:
             del self.running[req.req_id]
         elif req in self.waiting:
             self.waiting.remove(req)
-        cache = self.turns.keep(req) if ok and req.cache_turn else None
-        self.backend.free(req.blocks)
-        req.blocks = []
-        req.done = True
-        if ok:
-            self.out.counts["completed"] += 1
-            self.out.metrics.completed.inc()
-        else:
-            self.out.counts["failed"] += 1
-        self.server.reply(
-            req.envelope,
-            {
-                "op": "decoded",
-                "req_id": req.req_id,
-                "ok": ok,
-                "tokens": req.tokens if ok else [],
-                "error": error,
-                "recomputed": req.recompute,
-                **({"cache": cache} if cache is not None else {}),
-            },
-        )
+        self.output.answer(req, ok=ok, error=error)
