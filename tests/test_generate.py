@@ -190,6 +190,23 @@ def test_a_bad_file_is_refused_before_sending(
     assert err.startswith("leaseproto generate: ") and needle in err, err
 
 
+def test_a_request_the_router_stops_taking_is_one_line_on_stderr(
+    router: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ping got through, then the socket takes no request within its send timeout
+    (``RouterClient.submit`` raises ``TimeoutError``): one line, status 1, no traceback."""
+    from leaseproto.harness import client
+
+    def refused(self: Any, *args: Any, **kwargs: Any) -> None:
+        raise TimeoutError("request 'p0' could not be sent to the router (stand-in)")
+
+    monkeypatch.setattr(client.RouterClient, "submit", refused)
+    assert main(["generate", "--router", router, "--prompt", "1,2"]) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == "leaseproto generate: request 'p0' could not be sent to the router (stand-in)\n"
+
+
 def test_nothing_to_send(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["generate", "--router", "tcp://127.0.0.1:9"]) == 2
     assert "give --prompt IDS or --file FILE" in capsys.readouterr().err

@@ -6,11 +6,13 @@ cannot work with a key are refused."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,6 +20,7 @@ zmq = pytest.importorskip("zmq")
 
 from leaseproto import LeaseConfig  # noqa: E402
 from leaseproto.core.mac import ClusterKey  # noqa: E402
+from leaseproto.harness.client import RouterClient  # noqa: E402
 from leaseproto.workers.keys import CurveKeys, announce, load_cluster_key  # noqa: E402
 from leaseproto.workers.loop import RankOptions  # noqa: E402
 from leaseproto.workers.plane import Server, call  # noqa: E402
@@ -104,12 +107,64 @@ def test_a_curve_server_answers_only_the_cluster(server: Server) -> None:
         sock.curve_serverkey = ours.public
         sock.curve_publickey = public
         sock.curve_secretkey = secret
+        sock.setsockopt(zmq.SNDTIMEO, 500)  # a refused handshake can block the send for good
         sock.connect(address)
-        sock.send(b"\x81\xa2op\xa4ping")
+        with contextlib.suppress(zmq.Again):
+            sock.send(b"\x81\xa2op\xa4ping")
         assert not sock.poll(500, zmq.POLLIN)
     finally:
         sock.close(0)
     assert server.zap is not None and server.zap.refused >= 1
+
+
+def test_a_call_the_server_refused_before_it_sent_times_out(
+    server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A DEALER whose handshake a keyed server refused before it sent anything can
+    block in ``send`` for good (libzmq has dropped the connection's pipe: about 3 times
+    in 10 here). ``call`` raises ``TimeoutError`` within its timeout all the same,
+    never hangs. The refusal is made to come first, as on a loaded machine."""
+    address = f"tcp://127.0.0.1:{server.port}"
+    connect = zmq.Socket.connect
+
+    def connect_then_wait(self: zmq.Socket[bytes], addr: str) -> Any:
+        out = connect(self, addr)
+        time.sleep(0.3)
+        return out
+
+    monkeypatch.setattr(zmq.Socket, "connect", connect_then_wait)
+    client_took: list[float] = []  # RouterClient.submit: the same send, its own timeout
+
+    def submits() -> None:
+        for i in range(16):
+            client = RouterClient(address, send_timeout=0.2)
+            started = time.monotonic()
+            try:
+                client.submit(f"r{i}", [1, 2, 3], 4)
+            except TimeoutError:
+                assert f"r{i}" not in client.sent  # not counted as sent
+            client_took.append(time.monotonic() - started)
+            client.close()
+
+    t = threading.Thread(target=submits, daemon=True)
+    t.start()
+    t.join(60)
+    assert not t.is_alive(), f"submit blocked in send, after {len(client_took)}: {client_took}"
+    assert len(client_took) == 16 and max(client_took) < 0.2 + 2.0, client_took
+    took: list[float] = []  # each call's seconds, the 0.3 s in connect included
+
+    def calls() -> None:
+        for _ in range(16):  # a send that never blocks in 16 tries: 0.7 ** 16, 0.3%
+            started = time.monotonic()
+            with pytest.raises(TimeoutError):
+                call(address, {"op": "ping"}, timeout=0.2)  # no CURVE at all
+            took.append(time.monotonic() - started)
+
+    t = threading.Thread(target=calls, daemon=True)
+    t.start()
+    t.join(60)
+    assert not t.is_alive(), f"call blocked in send, after {len(took)} calls: {took}"
+    assert len(took) == 16 and max(took) < 0.3 + 0.2 + 2.0, took
 
 
 def test_options_that_cannot_work_with_a_key_are_refused() -> None:

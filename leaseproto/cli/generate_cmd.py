@@ -267,6 +267,9 @@ def run(args: argparse.Namespace) -> int:
                 if nxt is not None and nxt[1] is not None:
                     r = nxt[1]
                     client.submit(r.id, r.prompt, r.max_tokens, conversation=r.conversation)
+    except TimeoutError as exc:  # the router stopped taking requests (RouterClient.submit)
+        print(f"leaseproto generate: {exc}", file=sys.stderr)
+        return 1
     finally:
         client.close()
     missing = [r.id for r in reqs if r.id not in client.results]

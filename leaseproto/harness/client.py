@@ -19,11 +19,15 @@ __all__ = ["RouterClient"]
 class RouterClient:
     """Submit many requests to the router without blocking; collect answers."""
 
-    def __init__(self, address: str, *, curve: CurveKeys | None = None) -> None:
-        """``curve``: the cluster's keys, for a router that has one."""
+    def __init__(
+        self, address: str, *, curve: CurveKeys | None = None, send_timeout: float = 5.0
+    ) -> None:
+        """``curve``: the cluster's keys, for a router that has one. ``send_timeout``:
+        how long :meth:`submit` may wait for the socket to take a request."""
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self.sock: zmq.Socket[bytes] = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.SNDTIMEO, max(1, int(send_timeout * 1000)))
         if curve is not None:
             curve.client(self.sock)
         self.sock.connect(address)
@@ -41,12 +45,18 @@ class RouterClient:
         """``conversation``: this request is a turn of that conversation (its
         prompt: the conversation so far plus the new tokens); D keeps the turn's
         KV and the next turn reads it as its prefix."""
-        self.sent[req_id] = time.monotonic()
         msg: Msg = {"op": "generate", "id": req_id, "prompt": list(prompt)}
         msg["max_tokens"] = max_tokens
         if conversation is not None:
             msg["conversation"] = conversation
-        self.sock.send(encode(msg))
+        try:
+            self.sock.send(encode(msg))
+        except zmq.Again:
+            raise TimeoutError(
+                f"request {req_id!r} could not be sent to the router (no connection took it"
+                " within the send timeout: one it refused, or a key it wants)"
+            ) from None
+        self.sent[req_id] = time.monotonic()
 
     def poll(self, timeout: float = 0.0) -> list[Msg]:
         """Answers that arrived within ``timeout`` seconds (at least one wait)."""

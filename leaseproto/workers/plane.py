@@ -231,18 +231,29 @@ def call(
     ``curve``: the cluster's keys (a keyed worker answers nothing without them).
 
     Raises:
-        TimeoutError: no reply within ``timeout`` seconds.
+        TimeoutError: no reply within ``timeout`` seconds (the send included: a
+            DEALER whose handshake a keyed peer refused can block in ``send`` for
+            good, libzmq having dropped the connection's pipe).
     """
     own = ctx is None
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context() if ctx is None else ctx
     sock: zmq.Socket[bytes] = context.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
+    deadline = time.monotonic() + timeout
+    sock.setsockopt(zmq.SNDTIMEO, max(1, int(timeout * 1000)))
     if curve is not None:
         curve.client(sock)
     try:
         sock.connect(address)
-        sock.send(encode(msg))
-        if not sock.poll(int(timeout * 1000), zmq.POLLIN):
+        try:
+            sock.send(encode(msg))
+        except zmq.Again:
+            raise TimeoutError(
+                f"{msg.get('op')!r} could not be sent to {address} within {timeout:g} s"
+                " (no connection to it took the message: one it refused, or a key it wants)"
+            ) from None
+        left = max(0.0, deadline - time.monotonic())
+        if not sock.poll(int(left * 1000), zmq.POLLIN):
             raise TimeoutError(f"no reply from {address} to {msg.get('op')!r} within {timeout:g} s")
         return decode(sock.recv())
     finally:
