@@ -116,8 +116,13 @@ class Server:
             "--enforce-eager",
             "--max-model-len",
             "512",
+            # float32: the runs compare each completion with the same prompt served alone, so
+            # a request's tokens must not depend on what else is in the batch. In bfloat16 on a
+            # CPU without native bf16 (Intel Xeon, AVX-512 without avx512_bf16), vLLM 0.32
+            # served 2 of 6 prompts differently when two were decoded together (stock, one
+            # engine, no P/D; 2026-12-07); in float32 6 of 6 were the same (docs/vllm.md).
             "--dtype",
-            "bfloat16",
+            "float32",
             "--block-size",
             "32",
             "--max-num-seqs",
