@@ -11,7 +11,7 @@ from typing import Any
 import zmq
 
 from ..workers.keys import CurveKeys
-from ..workers.plane import Msg, decode, encode
+from ..workers.plane import Msg, decode, encode, send_within
 
 __all__ = ["RouterClient"]
 
@@ -49,13 +49,7 @@ class RouterClient:
         msg["max_tokens"] = max_tokens
         if conversation is not None:
             msg["conversation"] = conversation
-        try:
-            self.sock.send(encode(msg))
-        except zmq.Again:
-            raise TimeoutError(
-                f"request {req_id!r} could not be sent to the router (no connection took it"
-                " within the send timeout: one it refused, or a key it wants)"
-            ) from None
+        send_within(self.sock, encode(msg), f"request {req_id!r} to the router")
         self.sent[req_id] = time.monotonic()
 
     def poll(self, timeout: float = 0.0) -> list[Msg]:

@@ -41,6 +41,7 @@ __all__ = [
     "call",
     "decode",
     "encode",
+    "send_within",
     "wait_ready",
 ]
 
@@ -219,6 +220,23 @@ class Peer:
         self.sock.close(0)
 
 
+def send_within(sock: zmq.Socket[bytes], data: bytes, what: str) -> None:
+    """``sock.send(data)`` on a DEALER whose ``SNDTIMEO`` is set: a DEALER whose
+    handshake a keyed peer refused can block in ``send`` for good (libzmq dropped the
+    connection's pipe), so the send waits at most that long.
+
+    Raises:
+        TimeoutError: no connection took the message; ``what`` names it.
+    """
+    try:
+        sock.send(data)
+    except zmq.Again:
+        raise TimeoutError(
+            f"could not send {what}: no connection took it within the send timeout"
+            " (one the peer refused, or a key it wants)"
+        ) from None
+
+
 def call(
     address: str,
     msg: Msg,
@@ -245,13 +263,7 @@ def call(
         curve.client(sock)
     try:
         sock.connect(address)
-        try:
-            sock.send(encode(msg))
-        except zmq.Again:
-            raise TimeoutError(
-                f"{msg.get('op')!r} could not be sent to {address} within {timeout:g} s"
-                " (no connection to it took the message: one it refused, or a key it wants)"
-            ) from None
+        send_within(sock, encode(msg), f"{msg.get('op')!r} to {address}")
         left = max(0.0, deadline - time.monotonic())
         if not sock.poll(int(left * 1000), zmq.POLLIN):
             raise TimeoutError(f"no reply from {address} to {msg.get('op')!r} within {timeout:g} s")
